@@ -1,0 +1,60 @@
+# goodlens: `make run` starts the collector on the bundled sample data; `make test` runs every test.
+# Both create .venv/ and install what they need; `make test` also installs Debian's chromium,
+# chromium-driver and prometheus when they are missing.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8470
+DB ?= .goodlens/demo.duckdb
+APT_PACKAGES := chromium chromium-driver prometheus
+
+.PHONY: run test lint bench sample clean system-deps
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.stamp-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,torch]'
+	touch $@ $(VENV)/.stamp-run
+
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(APT_PACKAGES); \
+	fi
+
+run: $(VENV)/.stamp-run
+	@mkdir -p $(dir $(DB))
+	@echo "goodlens: collector on http://127.0.0.1:$(PORT) with the sample trace in $(DB)"
+	@echo "  runs:    $(BIN)/goodlens runs --url http://127.0.0.1:$(PORT)"
+	@echo "  metrics: http://127.0.0.1:$(PORT)/metrics"
+	$(BIN)/goodlens serve --db $(DB) --port $(PORT) --load sample_data/demo
+
+test: $(VENV)/.stamp-test system-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(VENV)/.stamp-test
+	$(BIN)/ruff check .
+
+bench: $(VENV)/.stamp-test
+	$(BIN)/python bench/exporter_hot_path.py
+	$(BIN)/python bench/ingest.py
+
+sample: $(VENV)/.stamp-run
+	$(BIN)/python sample_data/generate.py
+
+clean:
+	rm -rf $(VENV) .goodlens *.egg-info

@@ -1,0 +1,109 @@
+"""Prometheus exposition: a custom collector that reads current aggregates at scrape time.
+
+Nothing is pre-registered as module state: :func:`make_registry` builds a fresh
+``CollectorRegistry`` for one collector process (and one per test). Per-run series carry a
+``run`` label; per-rank labels appear only for a bounded set of flagged ranks (added by the
+detectors), never one series per rank of a 16k-rank job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from collector.store import Store
+from collector.writer import LATENCY_BUCKETS, Writer
+
+log = logging.getLogger("goodlens.metrics")
+
+
+class GoodlensCollector(Collector):
+    """Per-run progress and step-time quantiles, plus the collector's own health."""
+
+    def __init__(self, store: Store, writer: Writer | None = None, window_steps: int = 100) -> None:
+        self.store = store
+        self.writer = writer
+        self.window_steps = window_steps
+
+    def collect(self) -> Iterator[Metric]:
+        """Called by prometheus_client on every scrape."""
+        yield from self._runs()
+        if self.writer is not None:
+            yield from self._self_metrics(self.writer)
+
+    def _runs(self) -> Iterator[Metric]:
+        steps = CounterMetricFamily("goodlens_run_steps", "Steps summarised for the run "
+                                    "(all attempts; a redone step counts again)", labels=["run"])
+        last = GaugeMetricFamily("goodlens_run_last_step", "Latest step of the run's latest "
+                                 "attempt", labels=["run"])
+        attempt = GaugeMetricFamily("goodlens_run_attempt", "Latest attempt number",
+                                    labels=["run"])
+        ranks = GaugeMetricFamily("goodlens_run_ranks_reporting", "Ranks that reported the "
+                                  "latest summarised step", labels=["run"])
+        qs = GaugeMetricFamily("goodlens_run_step_duration_seconds", "Step time (slowest "
+                               "rank) quantiles over the latest steps", labels=["run", "quantile"])
+        try:
+            df = self.store.run_metrics(self.window_steps)
+        except Exception:
+            log.exception("reading run metrics failed")
+            return
+        for r in df.itertuples(index=False):
+            steps.add_metric([r.run_id], float(r.steps))
+            last.add_metric([r.run_id], float(r.last_step))
+            attempt.add_metric([r.run_id], float(r.attempt))
+            ranks.add_metric([r.run_id], float(r.ranks_reporting))
+            for q, v in (("0.5", r.step_p50), ("0.9", r.step_p90), ("0.99", r.step_p99)):
+                qs.add_metric([r.run_id, q], float(v))
+        yield from (steps, last, attempt, ranks, qs)
+
+    def _self_metrics(self, writer: Writer) -> Iterator[Metric]:
+        st = writer.stats
+        with st.lock:
+            rows = CounterMetricFamily("goodlens_ingest_rows", "Rows stored", labels=["table"])
+            rows.add_metric(["steps"], st.steps_inserted)
+            rows.add_metric(["events"], st.events_inserted)
+            dup = CounterMetricFamily("goodlens_ingest_duplicate_rows", "Rows received again "
+                                      "and ignored (re-sent batches)", labels=["table"])
+            dup.add_metric(["steps"], st.steps_duplicate)
+            dup.add_metric(["events"], st.events_duplicate)
+            rej = CounterMetricFamily("goodlens_ingest_rejected_batches", "Batches refused, "
+                                      "by reason", labels=["reason"])
+            for reason in ("invalid", "auth", "too_large", "overloaded", "write_error"):
+                n = st.rejected.get(reason, 0) + (st.batches_failed if reason == "write_error"
+                                                  else 0)
+                rej.add_metric([reason], n)
+            batches = CounterMetricFamily("goodlens_ingest_batches", "Batches committed")
+            batches.add_metric([], st.batches_committed)
+            dropped = GaugeMetricFamily("goodlens_exporter_dropped_rows", "Rows exporters "
+                                        "reported dropping (buffer or spill full), summed")
+            dropped.add_metric([], float(sum(st.exporter_dropped.values())))
+            depth = GaugeMetricFamily("goodlens_writer_queue_rows", "Rows waiting to be written")
+            depth.add_metric([], st.queued_rows)
+            cum, buckets = 0, []
+            for ub, n in zip(LATENCY_BUCKETS, st.commit_buckets):
+                cum += n
+                buckets.append((repr(ub), cum))
+            buckets.append(("+Inf", st.commits))
+            lat = HistogramMetricFamily("goodlens_writer_commit_seconds", "Time to write and "
+                                        "commit one group of batches", buckets=buckets,
+                                        sum_value=st.commit_seconds_sum)
+            summ = CounterMetricFamily("goodlens_writer_summarize_seconds", "Time spent "
+                                       "summarising steps")
+            summ.add_metric([], st.summaries_seconds_sum)
+        yield from (rows, dup, rej, batches, dropped, depth, lat, summ)
+
+
+def make_registry(store: Store, writer: Writer | None = None) -> CollectorRegistry:
+    """A fresh registry holding the goodlens collector (and nothing process-global)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GoodlensCollector(store, writer))
+    return registry

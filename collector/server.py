@@ -1,0 +1,247 @@
+"""The collector service: one process that owns the store, serving ingest, /metrics and health.
+
+Starlette on uvicorn (maintained, async, fast). Request handling never touches DuckDB's
+write side: it validates a push (in a worker thread), hands it to the single
+:class:`~collector.writer.Writer`, and answers only after the writer committed it, so an
+acknowledged batch survives a crash. Reads (``/metrics``, ``/v1/runs``) use the store's
+read API in worker threads with their own cursors.
+
+Endpoints:
+
+- ``POST /v1/ingest``: one wire batch (see :mod:`collector.ingest`); 200 with the rows
+  inserted and recognised as duplicates; 400/413/415/422 naming what is wrong; 401/403 for
+  a missing or wrong token; 503 with ``Retry-After`` when the write queue is full.
+- ``GET /metrics``: Prometheus text format.
+- ``GET /healthz``: liveness and queue depth.
+- ``GET /v1/runs``, ``GET /v1/runs/{run_id}``: the runs overview as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pandas as pd
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from collector.ingest import BatchError, decode_batch
+from collector.metrics import make_registry
+from collector.store import Store
+from collector.writer import Overloaded, Writer
+from goodlens.model import SCHEMA_VERSION
+
+log = logging.getLogger("goodlens.server")
+
+
+@dataclass
+class ServerConfig:
+    """How the collector listens and what it accepts."""
+
+    db: str
+    """Path of the DuckDB file the collector owns (created if missing)."""
+    host: str = "127.0.0.1"
+    """Address to bind; anything but loopback requires ``token``."""
+    port: int = 8470
+    """TCP port (0 picks a free one)."""
+    token: str | None = None
+    """Bearer token required on ingest and the /v1 API when set."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest accepted push; bigger ones get 413."""
+    max_queue_rows: int = 4_000_000
+    """Rows the write queue may hold before pushes get 503."""
+    summarize_interval_s: float = 1.0
+    """How often dirty step ranges are re-summarised."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.port <= 65535):
+            raise ValueError(f"port must be 0-65535, got {self.port}")
+        if self.max_body_bytes <= 0:
+            raise ValueError("max_body_bytes must be positive")
+        if not is_loopback(self.host) and not self.token:
+            raise ValueError(f"binding {self.host} exposes ingest beyond this machine; "
+                             "pass --token (or GOODLENS_TOKEN) so only your exporters can push")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(orjson.dumps(obj, default=_jsonable, option=orjson.OPT_SERIALIZE_NUMPY),
+                    status, headers=headers, media_type="application/json")
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def records(df: Any) -> list[dict[str, Any]]:
+    """DataFrame rows as dicts with NaN/NA turned into None (JSON null)."""
+    out = []
+    for row in df.astype(object).to_dict("records"):
+        out.append({k: (None if v is None or (isinstance(v, float) and math.isnan(v))
+                         or v is pd.NA else v) for k, v in row.items()})
+    return out
+
+
+def create_app(store: Store, writer: Writer, config: ServerConfig) -> Starlette:
+    """The collector's ASGI app over an open store and a started writer."""
+    registry = make_registry(store, writer)
+    token = config.token.encode() if config.token else None
+    started = time.time()
+
+    def auth_error(request: Request) -> Response | None:
+        if token is None:
+            return None
+        header = request.headers.get("authorization", "")
+        if not header:
+            writer.stats.reject("auth")
+            return _json({"error": "missing token: send 'Authorization: Bearer <token>'",
+                          "field": "authorization"}, 401, {"WWW-Authenticate": "Bearer"})
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token):
+            writer.stats.reject("auth")
+            return _json({"error": "wrong token", "field": "authorization"}, 403)
+        return None
+
+    async def ingest(request: Request) -> Response:
+        if (err := auth_error(request)) is not None:
+            return err
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        if ctype != "application/json":
+            writer.stats.reject("invalid")
+            return _json({"error": f"content type {ctype} not supported; send "
+                          "application/json", "field": "content-type"}, 415)
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
+            return _too_large(writer, config)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > config.max_body_bytes:
+                return _too_large(writer, config)
+        try:
+            batch = await run_in_threadpool(decode_batch, bytes(body))
+        except BatchError as exc:
+            writer.stats.reject("invalid")
+            return _json(exc.as_dict(), exc.status)
+        try:
+            fut = writer.submit(batch)
+        except Overloaded as exc:
+            writer.stats.reject("overloaded")
+            return _json({"error": f"{exc}; retry later", "field": None}, 503,
+                         {"Retry-After": "1"})
+        try:
+            result = await asyncio.wrap_future(fut)
+        except Exception as exc:
+            log.exception("writing batch for run %s failed", batch.run_id)
+            return _json({"error": f"batch could not be stored: {exc}", "field": None}, 500)
+        return _json({"ok": True, **result.as_dict()})
+
+    async def metrics(request: Request) -> Response:
+        data = await run_in_threadpool(generate_latest, registry)
+        return Response(data, media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(request: Request) -> Response:
+        return _json({"status": "ok", "schema_version": SCHEMA_VERSION,
+                      "queue_rows": writer.queue_rows, "uptime_s": time.time() - started,
+                      "db": config.db})
+
+    async def runs(request: Request) -> Response:
+        if (err := auth_error(request)) is not None:
+            return err
+        df = await run_in_threadpool(store.runs)
+        return _json({"runs": records(df)})
+
+    async def run(request: Request) -> Response:
+        if (err := auth_error(request)) is not None:
+            return err
+        run_id = request.path_params["run_id"]
+
+        def load() -> tuple[Any, Any]:
+            return store.run(run_id), store.attempts(run_id)
+        info, attempts = await run_in_threadpool(load)
+        if info is None:
+            return _json({"error": f"no run {run_id!r}; list runs at /v1/runs",
+                          "field": "run_id"}, 404)
+        return _json({"run": records(pd.DataFrame([info]))[0], "attempts": records(attempts)})
+
+    async def sync(request: Request) -> Response:
+        if (err := auth_error(request)) is not None:
+            return err
+        await run_in_threadpool(writer.sync)
+        return _json({"ok": True})
+
+    routes = [
+        Route("/v1/ingest", ingest, methods=["POST"]),
+        Route("/v1/sync", sync, methods=["POST"]),
+        Route("/v1/runs", runs, methods=["GET"]),
+        Route("/v1/runs/{run_id:path}", run, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def _too_large(writer: Writer, config: ServerConfig) -> Response:
+    writer.stats.reject("too_large")
+    return _json({"error": f"batch larger than {config.max_body_bytes} bytes; send smaller "
+                  "batches or raise --max-body", "field": None}, 413)
+
+
+def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -> None:
+    """Run the collector until SIGINT/SIGTERM; flushes and closes the store on the way out.
+
+    ``ready``, if given, is called with the bound port once the server accepts connections.
+    """
+    import uvicorn
+
+    store = Store(config.db)
+    writer = Writer(store, max_queue_rows=config.max_queue_rows,
+                    summarize_interval_s=config.summarize_interval_s).start()
+    app = create_app(store, writer, config)
+    uconfig = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                             access_log=False, lifespan="off", timeout_graceful_shutdown=10)
+    server = uvicorn.Server(uconfig)
+    try:
+        if ready is None:
+            server.run()
+        else:
+            asyncio.run(_serve_and_report(server, ready))
+    finally:
+        writer.stop()
+        with contextlib.suppress(Exception):
+            store.close()
+
+
+async def _serve_and_report(server: Any, ready: Any) -> None:
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+            return
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    ready(port)
+    await task

@@ -1,0 +1,177 @@
+"""Delivery of encoded batches from an exporter to the collector, surviving its absence.
+
+The exporter's background thread hands each encoded batch to :class:`Transport.deliver`.
+Batches are delivered strictly in order. When the collector is unreachable (connection
+error, timeout, 5xx, 503) the batch goes to an append-only spill file, one JSON batch per
+line, and delivery is retried with exponential backoff; once the collector answers again
+the spill file is replayed from the start and then removed. Replaying is safe because the
+store ignores rows it already holds (keys: run, attempt, rank, step / source, seq). A
+leftover spill file from an earlier process of the same run and rank is replayed too.
+
+A 4xx other than 408/429 means the collector looked at the batch and refused it: sending it
+again would not help, so it is dropped, counted and logged with the collector's reason.
+Nothing here raises into the caller.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+log = logging.getLogger("goodlens.exporter")
+
+RETRYABLE = {408, 429, 500, 502, 503, 504}
+
+
+@dataclass
+class DeliveryStats:
+    """Counters of what happened to batches (read by the exporter's ``stats``)."""
+
+    sent_batches: int = 0
+    rejected_batches: int = 0
+    spilled_batches: int = 0
+    dropped_batches: int = 0
+    last_error: str | None = None
+
+
+class Transport:
+    """HTTP delivery with backoff and a spill file. Used by one thread at a time."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 5.0,
+                 spill_path: str | None = None, max_spill_bytes: int = 1 << 30,
+                 backoff_max_s: float = 30.0) -> None:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"collector URL must be http(s)://host:port, got {url!r}")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or (443 if self._https else 80)
+        self._path = (parts.path.rstrip("/") or "") + "/v1/ingest"
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self.timeout_s = timeout_s
+        self.spill_path = spill_path
+        self.max_spill_bytes = max_spill_bytes
+        self.backoff_max_s = backoff_max_s
+        self._backoff = 0.0
+        self._next_try = 0.0
+        self._conn: http.client.HTTPConnection | None = None
+        self.stats = DeliveryStats()
+
+    # -- public -------------------------------------------------------------
+    def deliver(self, body: bytes, rows: int = 0) -> int:
+        """Send one batch now, or spill it behind earlier undelivered ones.
+
+        Returns the number of rows that had to be dropped (spill full or unwritable).
+        """
+        if self.has_spill():
+            self.drain_spill()
+        if not self.has_spill() and time.monotonic() >= self._next_try:
+            outcome = self._post(body)
+            if outcome != "retry":
+                return 0
+        return self._spill(body, rows)
+
+    def drain_spill(self) -> bool:
+        """Replay the spill file if the collector is reachable; True when nothing is left."""
+        if not self.has_spill():
+            return True
+        if time.monotonic() < self._next_try:
+            return False
+        assert self.spill_path is not None
+        try:
+            with open(self.spill_path, "rb") as f:
+                lines = f.readlines()
+        except OSError as exc:
+            self.stats.last_error = f"reading spill file: {exc}"
+            return False
+        delivered = 0
+        for line in lines:
+            line = line.rstrip(b"\n")
+            if not line:
+                delivered += 1
+                continue
+            if self._post(line) == "retry":
+                break
+            delivered += 1
+        try:
+            if delivered == len(lines):
+                os.remove(self.spill_path)
+                return True
+            if delivered:
+                tmp = self.spill_path + ".tmp"
+                with open(tmp, "wb") as f:
+                    f.writelines(lines[delivered:])
+                os.replace(tmp, self.spill_path)
+        except OSError as exc:
+            self.stats.last_error = f"rewriting spill file: {exc}"
+        return False
+
+    def has_spill(self) -> bool:
+        """Whether undelivered batches wait in the spill file."""
+        return bool(self.spill_path) and os.path.exists(self.spill_path) and \
+            os.path.getsize(self.spill_path) > 0
+
+    def close(self) -> None:
+        """Close the HTTP connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- internals ----------------------------------------------------------
+    def _post(self, body: bytes) -> str:
+        """'ok', 'rejected' (dropped for good) or 'retry' (collector not taking it now)."""
+        try:
+            if self._conn is None:
+                cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+                self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+            self._conn.request("POST", self._path, body=body, headers=self._headers)
+            resp = self._conn.getresponse()
+            payload = resp.read()
+            status = resp.status
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            self._failed(f"collector unreachable: {exc}")
+            return "retry"
+        if status == 200:
+            self._backoff = 0.0
+            self._next_try = 0.0
+            self.stats.sent_batches += 1
+            return "ok"
+        reason = payload[:300].decode("utf-8", "replace")
+        if status in RETRYABLE:
+            self._failed(f"collector answered {status}: {reason}")
+            return "retry"
+        self.stats.rejected_batches += 1
+        self.stats.last_error = f"collector rejected a batch ({status}): {reason}"
+        log.warning("goodlens: %s", self.stats.last_error)
+        return "rejected"
+
+    def _failed(self, why: str) -> None:
+        self.stats.last_error = why
+        self._backoff = min(self.backoff_max_s, max(0.25, self._backoff * 2))
+        self._next_try = time.monotonic() + self._backoff * random.uniform(0.8, 1.2)
+
+    def _spill(self, body: bytes, rows: int) -> int:
+        if not self.spill_path:
+            self.stats.dropped_batches += 1
+            return rows
+        try:
+            size = os.path.getsize(self.spill_path) if os.path.exists(self.spill_path) else 0
+            if size + len(body) > self.max_spill_bytes:
+                raise OSError(f"spill file would exceed {self.max_spill_bytes} bytes")
+            with open(self.spill_path, "ab") as f:
+                f.write(body + b"\n")
+            self.stats.spilled_batches += 1
+            return 0
+        except OSError as exc:
+            self.stats.dropped_batches += 1
+            self.stats.last_error = f"could not spill a batch: {exc}"
+            log.warning("goodlens: %s; %d rows dropped", self.stats.last_error, rows)
+            return rows

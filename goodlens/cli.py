@@ -1,0 +1,274 @@
+"""The ``goodlens`` command: wires the library together and holds no logic of its own.
+
+Every command that reports numbers takes ``--json`` (seconds for every duration); durations
+on the command line accept ``90s``, ``5m``, ``24h``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import click
+
+from goodlens import __version__
+from goodlens.units import format_duration, parse_duration
+
+DEFAULT_PORT = 8470
+
+
+class Duration(click.ParamType):
+    """A click parameter accepting ``90s``, ``5m``, ``24h``; yields seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class ByteSize(click.ParamType):
+    """A size such as ``64MiB``, ``1GB`` or a number of bytes."""
+
+    name = "size"
+    _UNITS: ClassVar[dict[str, int]] = {
+        "": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2,
+        "gb": 1000**3, "gib": 1024**3}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(num):].strip()
+        try:
+            return int(float(num) * self._UNITS[unit])
+        except (ValueError, KeyError):
+            self.fail(f"not a size: {value!r} (use e.g. 64MiB, 1GB or bytes)", param, ctx)
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=_json_default, allow_nan=False))
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _clean(value: Any) -> Any:
+    """NaN/NA to None, numpy scalars to Python."""
+    if value is None:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if type(value).__name__ == "NAType":
+        return None
+    return value
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    """A plain-text table of ``rows`` with ``(key, header)`` columns."""
+    cells = [[header for _, header in columns]]
+    for row in rows:
+        cells.append(["-" if row.get(k) is None else str(row.get(k)) for k, _ in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _open_store(db: str, read_only: bool = True) -> Any:
+    from collector.store import SchemaMismatch, Store
+    try:
+        return Store(db, read_only=read_only)
+    except (FileNotFoundError, RuntimeError, SchemaMismatch) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="goodlens")
+def main() -> None:
+    """goodlens: where the wall-clock of a large training run went, and what to do about it.
+
+    Start a collector with `goodlens serve`, point exporters at it, and ask
+    `goodlens runs` what it holds.
+    """
+
+
+@main.command()
+@click.option("--db", required=True, type=click.Path(dir_okay=False),
+              help="DuckDB file the collector owns (created if missing).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Anything but loopback requires --token.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int,
+              help="TCP port (0 picks a free one).")
+@click.option("--token", envvar="GOODLENS_TOKEN", default=None,
+              help="Bearer token exporters must send (env GOODLENS_TOKEN).")
+@click.option("--max-body", type=ByteSize(), default="64MiB", show_default=True,
+              help="Largest accepted push.")
+@click.option("--max-queue-rows", type=int, default=4_000_000, show_default=True,
+              help="Rows the write queue holds before pushes get 503 (exporters back off).")
+@click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="Trace folder to import before serving (repeatable; importing twice adds "
+                   "nothing).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve(db: str, host: str, port: int, token: str | None, max_body: int,
+          max_queue_rows: int, loads: tuple[str, ...], log_level: str) -> None:
+    """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz.
+
+    One process owns the DuckDB file (DuckDB lets no other process open it meanwhile);
+    stop it with Ctrl-C or SIGTERM, which writes everything queued first.
+    """
+    from collector.server import ServerConfig
+    from collector.server import serve as run_server
+
+    try:
+        config = ServerConfig(db=db, host=host, port=port, token=token,
+                              max_body_bytes=max_body, max_queue_rows=max_queue_rows)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    if loads:
+        store = _open_store(db, read_only=False)
+        try:
+            for path in loads:
+                _import(store, path, quiet=False)
+        finally:
+            store.close()
+
+    def ready(bound: int) -> None:
+        click.echo(f"goodlens collector on http://{host}:{bound}  (db: {db})", err=True)
+        click.echo(f"  push:    http://{host}:{bound}/v1/ingest", err=True)
+        click.echo(f"  metrics: http://{host}:{bound}/metrics", err=True)
+
+    try:
+        run_server(config, ready=ready, log_level=log_level)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+_RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
+                ("attempts", "attempts"), ("steps", "steps"), ("last_step", "last step"),
+                ("duration", "duration"), ("started", "started (UTC)")]
+
+
+@main.command()
+@click.option("--db", type=click.Path(dir_okay=False),
+              help="Store file (no collector may hold it).")
+@click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
+@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
+def runs(db: str | None, url: str | None, token: str | None, as_json: bool) -> None:
+    """List the runs in a store: state, ranks, attempts, steps, duration."""
+    if bool(db) == bool(url):
+        raise click.UsageError("give exactly one of --db PATH or --url URL")
+    if url:
+        rows = _get_json(url.rstrip("/") + "/v1/runs", token)["runs"]
+    else:
+        from collector.server import records
+        store = _open_store(db)
+        try:
+            rows = records(store.runs())
+        finally:
+            store.close()
+    for r in rows:
+        start, last = r.get("start"), r.get("last_time")
+        r["duration_s"] = (last - start) if start is not None and last is not None else None
+    if as_json:
+        _echo_json({"runs": [{k: _clean(v) for k, v in r.items()} for r in rows]})
+        return
+    if not rows:
+        click.echo("no runs yet: point an exporter at the collector, or import a trace with "
+                   "`goodlens import TRACE --db PATH`")
+        return
+    import datetime as dt
+    for r in rows:
+        r["duration"] = format_duration(r["duration_s"]) if r["duration_s"] is not None else None
+        r["started"] = (dt.datetime.fromtimestamp(r["start"], dt.UTC)
+                        .strftime("%Y-%m-%d %H:%M:%S") if r.get("start") else None)
+    click.echo(table(rows, _RUN_COLUMNS))
+
+
+def _get_json(url: str, token: str | None) -> Any:
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise click.ClickException(f"{url} answered {exc.code}: {exc.read()[:200]!r}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}; is `goodlens serve` running?") \
+            from None
+
+
+def _import(store: Any, path: str, quiet: bool) -> dict[str, int]:
+    from collector.replay import import_trace
+    from goodlens.trace import TraceError, read_trace
+    try:
+        trace = read_trace(path)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    total = sum(t.num_rows for k, t in trace.tables.items() if k in ("steps", "events"))
+    with click.progressbar(length=total, label=f"importing {path}", file=sys.stderr,
+                           hidden=quiet or not sys.stderr.isatty()) as bar:
+        return import_trace(store, path, progress=bar.update)
+
+
+@main.command("import")
+@click.argument("trace", type=click.Path(exists=True, file_okay=False))
+@click.option("--db", required=True, type=click.Path(dir_okay=False),
+              help="Store file to load into (created if missing; no collector may hold it).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def import_cmd(trace: str, db: str, as_json: bool) -> None:
+    """Load a trace folder (Parquet, see docs/trace-format.md) into a store.
+
+    Rows already stored are recognised and skipped, so importing twice adds nothing.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    store = _open_store(db, read_only=False)
+    try:
+        totals = _import(store, trace, quiet=as_json)
+    finally:
+        store.close()
+    if as_json:
+        _echo_json(totals)
+    else:
+        click.echo(f"{trace}: {totals['runs']} run(s), {totals['steps_inserted']} step rows and "
+                   f"{totals['events_inserted']} events stored ({totals['steps_duplicate']} and "
+                   f"{totals['events_duplicate']} already present)")
+
+
+@main.command()
+@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Store file (no collector may hold it).")
+@click.option("--run", "run_ids", multiple=True, required=True, help="Run id (repeatable).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Trace folder to write.")
+def export(db: str, run_ids: tuple[str, ...], out: str) -> None:
+    """Write runs from a store as a trace folder readable without goodlens."""
+    from collector.replay import export_run
+    store = _open_store(db)
+    try:
+        path = export_run(store, list(run_ids), out)
+    except KeyError as exc:
+        raise click.ClickException(str(exc.args[0])) from None
+    finally:
+        store.close()
+    click.echo(f"wrote {path}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,45 @@
+"""Human durations on the command line (``90s``, ``5m``, ``24h``); seconds everywhere else."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h|d|w)?\s*$")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in ``text``: a bare number is seconds; units ms, s, m/min, h, d, w.
+
+    Compound forms such as ``1h30m`` are accepted. Raises ``ValueError`` with an example of
+    a valid value when the text is not a duration.
+    """
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(f"duration must not be negative: {text}")
+        return float(text)
+    s = str(text).strip().lower()
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|s|m|h|d|w)", s)
+    if parts and re.fullmatch(r"(?:\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|s|m|h|d|w))+\s*", s):
+        return sum(float(n) * _UNITS[u] for n, u in parts)
+    m = _RE.match(s)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 5m, 24h, 1h30m or seconds)")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def format_duration(seconds: float) -> str:
+    """A short human form: ``1h 02m``, ``3m 05s``, ``12.3s``, ``450ms``."""
+    if seconds != seconds:  # NaN
+        return "n/a"
+    sign = "-" if seconds < 0 else ""
+    s = abs(seconds)
+    if s < 1:
+        return f"{sign}{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)}m {int(s % 60):02d}s"
+    if s < 86400:
+        return f"{sign}{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+    return f"{sign}{int(s // 86400)}d {int(s % 86400 // 3600):02d}h"

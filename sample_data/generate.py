@@ -1,0 +1,129 @@
+"""Rebuild the bundled sample trace ``sample_data/demo/`` from a fixed seed.
+
+A small stand-in until the run simulator lands (it will regenerate richer traces with
+ground truth): one run of 8 ranks on 2 hosts that
+
+- initialises for 40 s, then steps at about 1 s;
+- saves a synchronous checkpoint every 100 steps (6 s stall, 2.6 GB per rank);
+- has rank 5 running 10% slow in compute from step 150 (a straggler);
+- loses a GPU during step 337: the hang is detected 60 s later, the job waits 120 s for a
+  replacement, initialises for 40 s, restores step 300 (15 s), redoes steps 301-337, and
+  completes at step 600 (the first step after the restart is 5 s slower: warm-up).
+
+Expected facts are in ``EXPECTED`` below (and asserted by tests/test_sample_data.py).
+Run ``python sample_data/generate.py`` to rewrite the trace.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from goodlens.trace import write_trace
+
+RUN_ID = "demo-8x"
+SEED = 20261129
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+RANKS, HOSTS = 8, 2
+STEPS = 600
+CKPT_EVERY, CKPT_STALL, CKPT_BYTES = 100, 6.0, 2_600_000_000
+SLOW_RANK, SLOW_FROM, SLOWDOWN = 5, 150, 0.10
+FAIL_STEP, DETECT_S, QUEUE_S, INIT_S, RESTORE_S, WARMUP_S = 337, 60.0, 120.0, 40.0, 15.0, 5.0
+
+EXPECTED = {"run_id": RUN_ID, "ranks": RANKS, "attempts": 2, "last_step": STEPS - 1,
+            "step_rows": RANKS * (STEPS + FAIL_STEP - 300), "slow_rank": SLOW_RANK,
+            "failure_step": FAIL_STEP, "restored_step": 300}
+
+
+def generate(out: Path) -> Path:
+    rng = np.random.default_rng(SEED)
+    host_offset = rng.uniform(-0.05, 0.05, HOSTS)  # host clocks disagree by up to 50 ms
+    steps: list[tuple] = []
+    events: list[tuple] = []
+    seq = {"launcher": 0}
+
+    def event(kind: str, t: float, attempt: int, **f: object) -> None:
+        src = f.pop("source", "launcher")
+        seq.setdefault(src, 0)
+        events.append((src, seq[src], kind, t, attempt, f.get("rank"), f.get("host"),
+                       f.get("step"), f.get("bytes"), f.get("tier"), f.get("cause"), None,
+                       f.get("world_size"), None))
+        seq[src] += 1
+
+    def run_steps(attempt: int, first: int, last: int, t: float, warmup: bool) -> float:
+        for n in range(first, last + 1):
+            base = 0.80 * (1 + 0.02 * rng.standard_normal(RANKS)).clip(0.9, 1.1)
+            if n >= SLOW_FROM:
+                base[SLOW_RANK] *= 1 + SLOWDOWN
+            if warmup and n == first:
+                base += WARMUP_S
+            data = rng.uniform(0.005, 0.015, RANKS)
+            allreduce = 0.15
+            dur = float((base + data).max() + allreduce)
+            for r in range(RANKS):
+                h = r * HOSTS // RANKS
+                coll = dur - base[r] - data[r]
+                steps.append((attempt, r, f"node-{h}", n, t + host_offset[h], dur, base[r],
+                              coll, data[r], 2048 * 4, 4))
+            t += dur
+            if n == FAIL_STEP and attempt == 0:
+                return t
+            if (n + 1) % CKPT_EVERY == 0 and n + 1 < STEPS:
+                event("ckpt_save_start", t, attempt, step=n + 1, tier="durable")
+                event("ckpt_save_blocking_end", t + CKPT_STALL, attempt, step=n + 1,
+                      tier="durable")
+                event("ckpt_save_durable_end", t + CKPT_STALL, attempt, step=n + 1,
+                      tier="durable", bytes=CKPT_BYTES * RANKS)
+                t += CKPT_STALL
+        return t
+
+    t = T0
+    event("attempt_start", t, 0, world_size=RANKS)
+    event("init_start", t, 0)
+    event("init_end", t + INIT_S, 0)
+    t = run_steps(0, 0, FAIL_STEP, t + INIT_S, warmup=False)
+    # the GPU dies part-way through step 338; ranks hang until the watchdog fires
+    t_fail = t + 0.4
+    event("failure_detected", t_fail + DETECT_S, 0, cause="gpu", rank=2, host="node-0",
+          step=FAIL_STEP)
+    t = t_fail + DETECT_S + QUEUE_S
+    event("attempt_start", t, 1, world_size=RANKS)
+    event("init_start", t, 1)
+    event("init_end", t + INIT_S, 1)
+    event("ckpt_restore_start", t + INIT_S, 1, step=300, tier="durable")
+    event("ckpt_restore_end", t + INIT_S + RESTORE_S, 1, step=300, tier="durable",
+          bytes=CKPT_BYTES * RANKS)
+    t = run_steps(1, 300, STEPS - 1, t + INIT_S + RESTORE_S, warmup=True)
+    event("attempt_end", t, 1, cause="completed")
+
+    step_names = ["attempt", "rank", "host", "step", "start_time", "duration_s", "compute_s",
+                  "collective_wait_s", "data_wait_s", "tokens", "samples"]
+    event_names = ["source", "seq", "kind", "time", "attempt", "rank", "host", "step", "bytes",
+                   "tier", "cause", "label", "world_size", "detail"]
+    st = pa.Table.from_pylist([dict(zip(step_names, s)) for s in steps])
+    ev = pa.Table.from_pylist([dict(zip(event_names, e)) for e in events],
+                              schema=_event_schema(event_names))
+    st = st.add_column(0, "run_id", pa.array([RUN_ID] * st.num_rows))
+    ev = ev.add_column(0, "run_id", pa.array([RUN_ID] * ev.num_rows))
+    runs = pa.Table.from_pylist([{
+        "run_id": RUN_ID, "name": "demo: 8 ranks, one GPU failure, one straggler",
+        "world_size": RANKS, "gpus_per_rank": 1, "global_batch": 32,
+        "model_params": 1_300_000_000, "tags": '{"source": "sample_data/generate.py"}'}])
+    return write_trace(out, {"runs": runs, "steps": st, "events": ev}, [RUN_ID])
+
+
+def _event_schema(names: list[str]) -> pa.Schema:
+    types = {"source": pa.string(), "kind": pa.string(), "host": pa.string(),
+             "tier": pa.string(), "cause": pa.string(), "label": pa.string(),
+             "detail": pa.string(), "time": pa.float64()}
+    return pa.schema([(n, types.get(n, pa.int64())) for n in names])
+
+
+if __name__ == "__main__":
+    path = generate(Path(__file__).resolve().parent / "demo")
+    print(f"wrote {path}")
