@@ -365,7 +365,7 @@ class Store:
         return self._df("""
             WITH a AS (SELECT run_id, count(*) AS attempts, min(start) AS start,
                          max(coalesce("end", last_activity)) AS last_time,
-                         arg_max(end_reason, attempt) AS last_reason
+                         arg_max_null(end_reason, attempt) AS last_reason
                        FROM attempts GROUP BY run_id),
                  s AS (SELECT run_id, count(*) AS steps, max(step) AS last_step
                        FROM step_summaries GROUP BY run_id)
@@ -451,7 +451,9 @@ class Store:
         step_summaries."""
         if name not in ("runs", "steps", "events", "attempts", "step_summaries"):
             raise ValueError(f"unknown table {name}")
-        return self._cursor().execute(f"SELECT * FROM {name} WHERE run_id = ?", [run_id]).arrow()
+        rel = self._cursor().sql(f"SELECT * FROM {name} WHERE run_id = $1", params=[run_id])
+        # duckdb >= 1.4 names it to_arrow_table(); older releases call it arrow()
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
 def _where(conds: dict[str, Any]) -> tuple[str, list]:

@@ -231,3 +231,7 @@ KIND_DOCS: dict[str, str] = {
     "custom_end": "the user-labelled interval with the same `label` ended",
     "heartbeat": "the rank's process is alive; `step` is the last step it recorded",
 }
+
+
+if __name__ == "__main__":  # python -m goodlens.model regenerates the tables in docs/
+    print(data_model_markdown(), end="")

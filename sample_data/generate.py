@@ -6,9 +6,10 @@ ground truth): one run of 8 ranks on 2 hosts that
 - initialises for 40 s, then steps at about 1 s;
 - saves a synchronous checkpoint every 100 steps (6 s stall, 2.6 GB per rank);
 - has rank 5 running 10% slow in compute from step 150 (a straggler);
-- loses a GPU during step 337: the hang is detected 60 s later, the job waits 120 s for a
-  replacement, initialises for 40 s, restores step 300 (15 s), redoes steps 301-337, and
-  completes at step 600 (the first step after the restart is 5 s slower: warm-up).
+- loses a GPU 0.4 s into step 338 (after step 337 completed): the hang is detected 60 s
+  later, the job waits 120 s for a replacement, initialises for 40 s, restores the
+  checkpoint taken after step 299 (15 s), redoes steps 300-337, and completes steps up to
+  599 (the first step after the restart is 5 s slower: warm-up).
 
 Expected facts are in ``EXPECTED`` below (and asserted by tests/test_sample_data.py).
 Run ``python sample_data/generate.py`` to rewrite the trace.
@@ -36,7 +37,7 @@ SLOW_RANK, SLOW_FROM, SLOWDOWN = 5, 150, 0.10
 FAIL_STEP, DETECT_S, QUEUE_S, INIT_S, RESTORE_S, WARMUP_S = 337, 60.0, 120.0, 40.0, 15.0, 5.0
 
 EXPECTED = {"run_id": RUN_ID, "ranks": RANKS, "attempts": 2, "last_step": STEPS - 1,
-            "step_rows": RANKS * (STEPS + FAIL_STEP - 300), "slow_rank": SLOW_RANK,
+            "step_rows": RANKS * (FAIL_STEP + 1 + STEPS - 300), "slow_rank": SLOW_RANK,
             "failure_step": FAIL_STEP, "restored_step": 300}
 
 

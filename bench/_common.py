@@ -1,0 +1,453 @@
+"""Shared parts of the benchmarks: the collector as a subprocess, wire batches, parallel pushers.
+
+Not a test helper and not part of the package: the scripts next to this file import it
+(``sys.path[0]`` is ``bench/`` when a script runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+GOODLENS = Path(sys.executable).parent / "goodlens"  # the venv's console script
+RUN_ID = "bench-run"
+T0 = 1_750_000_000.0  # epoch seconds of step 0
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def machine() -> str:
+    """One line describing where the numbers come from."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kib / 2**20:.0f} GiB RAM"
+    import duckdb
+    return (f"{cpu}, {os.cpu_count()} cores{mem}; Python {platform.python_version()}, "
+            f"DuckDB {duckdb.__version__}")
+
+
+def table(rows: list[list[Any]], headers: list[str], markdown: bool = False) -> str:
+    """A plain-text (or markdown) table; the first column is left-aligned, the rest right."""
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def fmt(r: list[str]) -> str:
+        parts = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        return ("| " + " | ".join(parts) + " |") if markdown else "  ".join(parts)
+
+    if markdown:
+        rule = "|" + "|".join("-" * (w + 1) + (":" if i else "-")
+                              for i, w in enumerate(widths)) + "|"
+    else:
+        rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(cells[0]), rule, *(fmt(r) for r in cells[1:])])
+
+
+def command_line() -> str:
+    """How this script was invoked, relative to the repository root."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
+    return " ".join([".venv/bin/python", script, *sys.argv[1:]])
+
+
+def markdown_section(title: str, intro: str, md_table: str, notes: list[str]) -> str:
+    """The block to paste into docs/benchmarks.md."""
+    lines = [f"### {title}", "", intro, "", f"Command: `{command_line()}`  ",
+             f"Machine: {machine()}", "", md_table, ""]
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def si(x: float, digits: int = 2) -> str:
+    """1234567 -> '1.23 M'."""
+    for div, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if abs(x) >= div:
+            return f"{x / div:.{digits}f}{suffix}"
+    return f"{x:.{digits}f}"
+
+
+# ----------------------------------------------------------------------------- the collector
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(port: int, method: str, path: str, body: bytes | None = None,
+              timeout: float = 60.0) -> tuple[int, Any]:
+    """One request on a fresh connection; (status, decoded JSON body or raw bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    try:
+        return resp.status, orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return resp.status, data
+
+
+@dataclass
+class Collector:
+    """``goodlens serve`` running as a subprocess on a free loopback port and a fresh file."""
+
+    workdir: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def db(self) -> Path:
+        return self.workdir / "collector.duckdb"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "collector.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Collector:
+        self.port = free_port()
+        cmd = [str(GOODLENS), "serve", "--db", str(self.db), "--port", str(self.port),
+               "--log-level", "warning", *self.extra_args]
+        log = open(self.log_path, "wb")  # noqa: SIM115 (the child owns it until stop)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited with {self.proc.returncode}:\n"
+                                   f"{self.log_path.read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                status, body = http_json(self.port, "GET", "/healthz", timeout=2.0)
+                if status == 200 and isinstance(body, dict) and body.get("status") == "ok":
+                    return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"collector did not answer /healthz within {timeout} s")
+            time.sleep(0.05)
+
+    def sync(self) -> float:
+        """POST /v1/sync (everything queued is committed and summarised); seconds taken."""
+        t = time.perf_counter()
+        status, body = http_json(self.port, "POST", "/v1/sync", timeout=600.0)
+        if status != 200:
+            raise RuntimeError(f"/v1/sync answered {status}: {body!r:.300}")
+        return time.perf_counter() - t
+
+    def stop(self, timeout: float = 120.0) -> int | None:
+        """SIGTERM and wait (the collector writes what is queued and closes the file)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"collector ignored SIGTERM for {timeout} s; killed") from None
+
+    def db_bytes(self) -> int:
+        """Size of the DuckDB file plus its write-ahead log, if any."""
+        total = 0
+        for p in (self.db, self.db.with_name(self.db.name + ".wal")):
+            with contextlib.suppress(FileNotFoundError):
+                total += p.stat().st_size
+        return total
+
+
+@contextlib.contextmanager
+def workdir(keep: bool = False, base: str | None = None):
+    """A temporary folder for databases and logs, removed afterwards unless ``keep``."""
+    path = Path(tempfile.mkdtemp(prefix="goodlens-bench-", dir=base))
+    try:
+        yield path
+    finally:
+        if keep:
+            print(f"(kept {path})", file=sys.stderr)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def stored_rows(db: Path) -> dict[str, int]:
+    """Row counts in a store file no process holds (opened read-only)."""
+    import duckdb
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        out = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+               for t in ("steps", "step_summaries")}
+        out["distinct_keys"] = con.execute(
+            "SELECT count(*) FROM (SELECT DISTINCT run_id, attempt, rank, step FROM steps)"
+        ).fetchone()[0]
+        return out
+    finally:
+        con.close()
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``batches`` batches of ``ranks`` x ``steps`` step rows, split over ``clients`` pushers.
+
+    Client ``c`` owns ranks ``[c*ranks, (c+1)*ranks)`` (like one aggregator per slice of the
+    job) and walks steps upwards, ``steps`` per batch, so every key is distinct and every
+    batch arrives above its high-water marks (the store's insert fast path).
+    """
+
+    rows: int
+    ranks: int = 1000
+    steps: int = 10
+    clients: int = 2
+
+    @property
+    def batch_rows(self) -> int:
+        return self.ranks * self.steps
+
+    @property
+    def batches(self) -> int:
+        return max(1, round(self.rows / self.batch_rows))
+
+    @property
+    def total_rows(self) -> int:
+        return self.batches * self.batch_rows
+
+    def client_batches(self, client: int) -> list[int]:
+        """Per-client batch numbers (0, 1, 2, ... within the client)."""
+        n = self.batches // self.clients + (1 if client < self.batches % self.clients else 0)
+        return list(range(n))
+
+    def describe(self) -> str:
+        return (f"{self.total_rows:,} step rows in {self.batches:,} batches of "
+                f"{self.batch_rows:,} ({self.ranks:,} ranks x {self.steps} steps, all 9 "
+                f"columns), {self.clients} client process(es)")
+
+
+def batch_columns(w: Workload, client: int, k: int) -> dict[str, Any]:
+    """Columns of client ``client``'s ``k``-th batch as numpy arrays / lists (row = step-major).
+
+    Values are deterministic in (client, k); durations have realistic full-precision noise.
+    """
+    rank = np.tile(np.arange(w.ranks, dtype=np.int64) + client * w.ranks, w.steps)
+    step = np.repeat(np.arange(w.steps, dtype=np.int64) + k * w.steps, w.ranks)
+    rng = np.random.default_rng(client * 1_000_003 + k)
+    n = w.batch_rows
+    duration = 1.0 + rng.gamma(2.0, 0.01, n)
+    coll = duration * rng.uniform(0.05, 0.2, n)
+    data = rng.exponential(0.002, n)
+    compute = np.maximum(duration - coll - data, 0.0)
+    start = T0 + step * 1.05 + rng.normal(0.0, 0.0005, n)
+    return {"attempt": np.zeros(n, dtype=np.int64), "rank": rank,
+            "host": [f"node-{r // 8:05d}" for r in rank.tolist()], "step": step,
+            "start_time": start, "duration_s": duration, "compute_s": compute,
+            "collective_wait_s": coll, "data_wait_s": data}
+
+
+def encode_wire(cols: dict[str, Any], run_id: str = RUN_ID) -> bytes:
+    """A wire batch (JSON) with every column as a list."""
+    doc = {"schema_version": 1, "run_id": run_id, "steps": cols,
+           "exporter": {"source": "bench", "dropped_rows": 0}}
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def arrow_table(cols: dict[str, Any], run_id: str = RUN_ID):
+    """The same rows as an Arrow table with the store's ``steps`` columns (for baselines)."""
+    import pyarrow as pa
+    n = len(cols["step"])
+    arrays = {"run_id": pa.array([run_id]).take(pa.array(np.zeros(n, dtype=np.int64)))}
+    for name, values in cols.items():
+        arrays[name] = pa.array(values)
+    arrays["tokens"] = pa.nulls(n, pa.int64())
+    arrays["samples"] = pa.nulls(n, pa.int64())
+    return pa.table(arrays)
+
+
+STEPS_DDL = """CREATE TABLE t (run_id VARCHAR, attempt BIGINT, rank BIGINT, host VARCHAR,
+  step BIGINT, start_time DOUBLE, duration_s DOUBLE, compute_s DOUBLE,
+  collective_wait_s DOUBLE, data_wait_s DOUBLE, tokens BIGINT, samples BIGINT)"""
+
+
+# ----------------------------------------------------------------------------- pushing
+
+
+@dataclass
+class PushResult:
+    """What the clients saw: wall time first push to last 200, per-push latencies."""
+
+    rows: int
+    batches: int
+    body_bytes: int
+    wall_s: float
+    latencies_s: np.ndarray
+    retries_503: int
+    inserted: int
+    duplicate: int
+    prepare_s: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.wall_s
+
+    def latency_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q) * 1e3)
+
+
+def _client(w: Workload, client: int, port: int, ready: Any, go: Any, out: Any) -> None:
+    try:
+        t = time.perf_counter()
+        bodies = [encode_wire(batch_columns(w, client, k)) for k in w.client_batches(client)]
+        prep = time.perf_counter() - t
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        conn.connect()
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        headers = {"Content-Type": "application/json"}
+        lat, retries, inserted, dup, nbytes = [], 0, 0, 0, 0
+        ready.wait()
+        go.wait()
+        first = time.perf_counter()
+        for body in bodies:
+            while True:
+                t = time.perf_counter()
+                conn.request("POST", "/v1/ingest", body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                dt = time.perf_counter() - t
+                if resp.status == 503:
+                    retries += 1
+                    time.sleep(float(resp.getheader("Retry-After", "1")) / 10)
+                    continue
+                if resp.status != 200:
+                    raise RuntimeError(f"push answered {resp.status}: {data[:300]!r}")
+                break
+            r = orjson.loads(data)
+            inserted += r["steps_inserted"]
+            dup += r["steps_duplicate"]
+            nbytes += len(body)
+            lat.append(dt)
+        last = time.perf_counter()
+        conn.close()
+        out.put((client, None, first, last, lat, retries, inserted, dup, nbytes, prep,
+                 len(bodies)))
+    except BaseException as exc:  # report, never hang the parent
+        import traceback
+        out.put((client, f"{exc!r}\n{traceback.format_exc()}", 0, 0, [], 0, 0, 0, 0, 0, 0))
+        with contextlib.suppress(Exception):
+            ready.abort()
+
+
+def push(w: Workload, port: int, before_go: Any = None) -> PushResult:
+    """Encode every batch in ``w.clients`` processes, then push them all at once.
+
+    Each process pre-encodes its batches and opens one persistent connection before the
+    clock starts; ``before_go()`` (if given) runs once all are ready, just before the start.
+    Wall time runs from the first push sent to the last 200 received (monotonic clock,
+    shared by the processes); every 200 means the batch was committed.
+    """
+    ctx = mp.get_context("fork")
+    ready = ctx.Barrier(w.clients + 1)
+    go = ctx.Event()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_client, args=(w, c, port, ready, go, out), daemon=True)
+             for c in range(w.clients)]
+    t = time.perf_counter()
+    for p in procs:
+        p.start()
+    try:
+        ready.wait(timeout=1800)
+    except Exception:
+        pass  # a client failed while preparing; its report follows
+    prepare = time.perf_counter() - t
+    if before_go is not None:
+        before_go()
+    go.set()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    errors = [r[1] for r in results if r[1]]
+    if errors:
+        raise RuntimeError("client failed:\n" + errors[0])
+    lat = np.concatenate([np.asarray(r[4]) for r in results])
+    return PushResult(
+        rows=sum(r[10] for r in results) * w.batch_rows, batches=sum(r[10] for r in results),
+        body_bytes=sum(r[8] for r in results),
+        wall_s=max(r[3] for r in results) - min(r[2] for r in results), latencies_s=lat,
+        retries_503=sum(r[5] for r in results), inserted=sum(r[6] for r in results),
+        duplicate=sum(r[7] for r in results), prepare_s=prepare)
+
+
+# ----------------------------------------------------------------------------- baseline
+
+
+def arrow_insert_baseline(w: Workload, path: Path, prebuild: bool = True) -> dict[str, float]:
+    """The same rows as pre-built Arrow tables into a fresh DuckDB file, one commit per batch.
+
+    With ``prebuild`` every table is built before the clock starts (the insert alone is
+    timed); without it each batch is built, inserted and dropped (bounded memory).
+    """
+    import duckdb
+    jobs = [(c, k) for c in range(w.clients) for k in w.client_batches(c)]
+    con = duckdb.connect(str(path))
+    con.execute(STEPS_DDL)
+    tables = [arrow_table(batch_columns(w, c, k)) for c, k in jobs] if prebuild else None
+    t = time.perf_counter()
+    for i, (c, k) in enumerate(jobs):
+        tbl = tables[i] if tables is not None else arrow_table(batch_columns(w, c, k))
+        con.register("arrow_table", tbl)
+        con.execute("BEGIN TRANSACTION")
+        con.execute("INSERT INTO t SELECT * FROM arrow_table")
+        con.execute("COMMIT")
+        con.unregister("arrow_table")
+    wall = time.perf_counter() - t
+    rows = con.execute("SELECT count(*) FROM t").fetchone()[0]
+    con.close()
+    return {"rows": rows, "wall_s": wall, "rows_per_s": rows / wall,
+            "file_bytes": path.stat().st_size}
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def rss_bytes(pid: int) -> int:
+    import psutil
+    return psutil.Process(pid).memory_info().rss
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The kernel's high-water mark of the process's RSS (VmHWM), if readable."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None

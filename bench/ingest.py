@@ -1,0 +1,107 @@
+"""Sustained end-to-end ingest through the HTTP collector, against a raw Arrow-to-DuckDB insert.
+
+Starts ``goodlens serve`` on a fresh DuckDB file, has ``--clients`` processes pre-encode their
+wire batches (``--ranks`` x ``--steps`` rows each, every column given, every key distinct),
+then push them over persistent connections. Wall time runs from the first push to the last
+200 (each 200 means the batch is committed). The baseline, in the same run, inserts the same
+rows as pre-built Arrow tables into a fresh DuckDB file, one commit per batch. Afterwards the
+collector is synced and stopped and the stored row count is checked against what was sent.
+
+Target: >= 1,000,000 rows/s end to end.
+
+    .venv/bin/python bench/ingest.py [--rows 5000000] [--clients 2] [--ranks 1000] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    Collector,
+    Workload,
+    arrow_insert_baseline,
+    markdown_section,
+    push,
+    si,
+    stored_rows,
+    table,
+    workdir,
+)
+
+TARGET = 1_000_000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=5_000_000, help="step rows to push in total")
+    ap.add_argument("--clients", type=int, default=2, help="pushing processes")
+    ap.add_argument("--ranks", type=int, default=1000, help="ranks per batch")
+    ap.add_argument("--steps", type=int, default=10, help="steps per rank per batch")
+    ap.add_argument("--tmp", default=None, help="folder for the temporary databases")
+    ap.add_argument("--keep", action="store_true", help="keep the databases and server log")
+    args = ap.parse_args()
+    w = Workload(rows=args.rows, ranks=args.ranks, steps=args.steps, clients=args.clients)
+    if w.batches < w.clients:
+        ap.error("fewer batches than clients: raise --rows or lower --clients")
+    print(f"workload: {w.describe()}", flush=True)
+
+    with workdir(args.keep, args.tmp) as tmp:
+        server = Collector(tmp).start()
+        try:
+            res = push(w, server.port)
+            sync_s = server.sync()
+        finally:
+            rc = server.stop()
+        db_bytes = server.db_bytes()
+        counts = stored_rows(server.db)
+        print(f"collector: {res.batches} pushes, {res.body_bytes / 2**20:,.0f} MiB of JSON "
+              f"({res.body_bytes / res.rows:.0f} B/row), encoded by the clients in "
+              f"{res.prepare_s:.1f} s before timing; exit code {rc}", flush=True)
+        base = arrow_insert_baseline(w, tmp / "baseline.duckdb")
+
+    ok_rows = (counts["steps"] == res.rows == res.inserted == counts["distinct_keys"]
+               and res.duplicate == 0 and base["rows"] == res.rows)
+    ratio = res.rows_per_s / base["rows_per_s"]
+    verdict = "PASS" if res.rows_per_s >= TARGET and ok_rows else "FAIL"
+    headers = ["path", "rows", "wall s", "rows/s", "vs baseline", "push p50 ms", "push p99 ms"]
+    rows = [
+        [f"goodlens serve, HTTP, {w.clients} clients", f"{res.rows:,}", f"{res.wall_s:.2f}",
+         f"{res.rows_per_s:,.0f}", f"{ratio:.2f}x", f"{res.latency_ms(50):.1f}",
+         f"{res.latency_ms(99):.1f}"],
+        ["DuckDB Arrow insert, commit/batch (baseline)", f"{base['rows']:,}",
+         f"{base['wall_s']:.2f}", f"{base['rows_per_s']:,.0f}", "1.00x", "-", "-"],
+    ]
+    print()
+    print(table(rows, headers))
+    print()
+    print(f"stored: {counts['steps']:,} step rows ({counts['distinct_keys']:,} distinct keys, "
+          f"{counts['step_summaries']:,} step summaries); sent {res.rows:,}; acknowledged "
+          f"inserted {res.inserted:,}, duplicate {res.duplicate:,}; 503 retries "
+          f"{res.retries_503}; final /v1/sync {sync_s:.2f} s; store {db_bytes / 2**20:,.0f} MiB "
+          f"-> row count {'ok' if ok_rows else 'MISMATCH'}")
+    print(f"target: >= {TARGET:,} rows/s end to end: {si(res.rows_per_s)}rows/s "
+          f"({res.rows_per_s / TARGET:.2f}x of target)")
+    print(f"RESULT: {verdict}")
+    print()
+    print("----- markdown for docs/benchmarks.md -----")
+    print(markdown_section(
+        "Collector ingest throughput",
+        f"{w.describe()}, pushed to `goodlens serve` over loopback HTTP (JSON wire batches, "
+        "pre-encoded). Wall time runs from the first push to the last 200, and a 200 means "
+        "the batch is committed to DuckDB. The baseline inserts the same rows as pre-built "
+        "Arrow tables straight into a fresh DuckDB file (`INSERT INTO t SELECT * FROM "
+        "arrow_table`), one commit per batch, in the same run.",
+        table(rows, headers, markdown=True),
+        [f"End to end: **{si(res.rows_per_s)}rows/s** against a target of >= "
+         f"{si(TARGET, 0)}rows/s: **{verdict}**.",
+         f"Stored row count equals rows sent: {'yes' if ok_rows else 'NO'} "
+         f"({counts['steps']:,})."]))
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

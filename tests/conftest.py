@@ -1,0 +1,117 @@
+"""Shared fixtures: real collector processes on loopback, stores in temporary files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOODLENS = [sys.executable, "-m", "goodlens.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None,
+         timeout: float = 30) -> tuple[int, dict | str]:
+    """(status, parsed JSON or text) of one request; never raises on HTTP errors."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    if body is not None and "Content-Type" not in (headers or {}):
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode("utf-8", "replace")
+
+
+class Collector:
+    """A real `goodlens serve` process on a free loopback port."""
+
+    def __init__(self, db: Path, *extra: str) -> None:
+        self.db = db
+        self.extra = extra
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> Collector:
+        log = open(self.db.with_suffix(".log"), "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [*GOODLENS, "serve", "--db", str(self.db), "--port", str(self.port),
+             "--log-level", "warning", *self.extra],
+            cwd=ROOT, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited: {self.db.with_suffix('.log').read_text()}")
+            try:
+                if http("GET", self.url + "/healthz", timeout=1)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("collector did not start")
+
+    def sync(self) -> None:
+        status, _ = http("POST", self.url + "/v1/sync", b"")
+        assert status == 200
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no cleanup (a crash)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM and wait: the graceful path."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Collector]:
+    c = Collector(tmp_path / "store.duckdb").start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOODLENS_SPILL_DIR", str(tmp_path / "spill"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def step_batch(run_id: str, rank: int, steps: list[int], attempt: int = 0, **extra) -> dict:
+    """A valid wire batch for one rank."""
+    n = len(steps)
+    doc = {"schema_version": 1, "run_id": run_id,
+           "steps": {"attempt": attempt, "rank": rank, "host": f"node-{rank // 8}",
+                     "step": steps, "start_time": [1000.0 + s for s in steps],
+                     "duration_s": [1.0] * n, "compute_s": [0.6 + 0.01 * rank] * n,
+                     "collective_wait_s": [0.38 - 0.01 * rank] * n, "data_wait_s": [0.02] * n}}
+    doc.update(extra)
+    return doc

@@ -1,0 +1,103 @@
+"""The `goodlens` command: help everywhere, JSON in seconds, durations, import/export."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from goodlens.cli import main
+from goodlens.units import format_duration, parse_duration
+from tests.conftest import ROOT
+
+SAMPLE = str(ROOT / "sample_data" / "demo")
+
+
+def run(*args: str, ok: bool = True):
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.mark.parametrize("cmd", [[], ["serve"], ["runs"], ["import"], ["export"]])
+def test_every_command_has_help(cmd):
+    out = run(*cmd, "--help").output
+    assert "Usage:" in out and len(out.splitlines()) > 4
+
+
+def test_import_is_idempotent_and_runs_reports_in_seconds(tmp_path):
+    db = str(tmp_path / "s.duckdb")
+    first = json.loads(run("import", SAMPLE, "--db", db, "--json").output)
+    assert first["steps_inserted"] == 5104 and first["events_inserted"] == 25
+    again = json.loads(run("import", SAMPLE, "--db", db, "--json").output)
+    assert again["steps_inserted"] == 0 and again["steps_duplicate"] == 5104
+    runs = json.loads(run("runs", "--db", db, "--json").output)["runs"]
+    assert [r["run_id"] for r in runs] == ["demo-8x"]
+    r = runs[0]
+    assert r["state"] == "completed" and r["attempts"] == 2 and r["last_step"] == 599
+    assert r["duration_s"] == pytest.approx(r["last_time"] - r["start"])
+    text = run("runs", "--db", db).output
+    assert "demo-8x" in text and "completed" in text
+
+
+def test_export_then_import_round_trips(tmp_path):
+    db, db2, out = tmp_path / "a.duckdb", tmp_path / "b.duckdb", tmp_path / "trace"
+    run("import", SAMPLE, "--db", str(db))
+    run("export", "--db", str(db), "--run", "demo-8x", "--out", str(out))
+    run("import", str(out), "--db", str(db2))
+    from collector.store import Store
+    a, b = Store(db, read_only=True), Store(db2, read_only=True)
+    try:
+        assert a.steps("demo-8x").equals(b.steps("demo-8x"))
+        assert a.events("demo-8x").equals(b.events("demo-8x"))
+        assert a.step_summaries("demo-8x").equals(b.step_summaries("demo-8x"))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_errors_tell_the_user_what_to_do(tmp_path):
+    r = run("runs", ok=False)
+    assert r.exit_code == 2 and "--db PATH or --url URL" in r.output
+    r = run("runs", "--db", str(tmp_path / "none.duckdb"), ok=False)
+    assert r.exit_code == 1 and "no goodlens store" in r.output
+    r = run("runs", "--url", "http://127.0.0.1:9", ok=False)
+    assert "is `goodlens serve` running?" in r.output
+    r = run("import", str(tmp_path), "--db", str(tmp_path / "x.duckdb"), ok=False)
+    assert "not a goodlens trace" in r.output
+    db = tmp_path / "e.duckdb"
+    run("import", SAMPLE, "--db", str(db))
+    r = run("export", "--db", str(db), "--run", "nope", "--out", str(tmp_path / "o"), ok=False)
+    assert "no run 'nope'" in r.output
+    r = run("serve", "--db", str(db), "--max-body", "lots", ok=False)
+    assert "not a size" in r.output
+
+
+def test_runs_over_http(collector):
+    import orjson
+
+    from tests.conftest import http, step_batch
+    http("POST", collector.url + "/v1/ingest", orjson.dumps(step_batch("h", 0, [0, 1])))
+    collector.sync()
+    runs = json.loads(run("runs", "--url", collector.url, "--json").output)["runs"]
+    assert runs[0]["run_id"] == "h" and runs[0]["steps"] == 2
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("5m", 300), ("24h", 86400),
+                                           ("1h30m", 5400), ("250ms", 0.25), ("42", 42),
+                                           ("2d", 172800), (" 1.5 h ", 5400)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "5 parsecs", "-3s", "h", "1h-5m"])
+def test_bad_durations_say_how_to_write_one(bad):
+    with pytest.raises(ValueError, match="90s, 5m, 24h"):
+        parse_duration(bad)
+
+
+def test_format_duration():
+    assert [format_duration(x) for x in (0.45, 12.34, 185, 3725, 90000)] == \
+        ["450ms", "12.3s", "3m 05s", "1h 02m", "1d 01h"]

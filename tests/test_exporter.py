@@ -1,0 +1,174 @@
+"""The per-rank exporter: what it records, that it never blocks or raises, and delivery."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from collector.exporter import ExporterConfig, RankExporter, _Assembler
+from collector.store import Store
+from tests.conftest import ROOT, Collector, free_port, http
+
+
+def test_assembler_attributes_phases_tokens_and_attempts():
+    a = _Assembler()
+    raw = [(0, 7, 10.0, 11.0), (1, 8, 11.0, 12.5), (2, 3), (3, 9, 13.0, 14.0),
+           (4, 10, 2000.0, 1.0, None, None, None, 5, None)]
+    marks = [("data", 10.1, 0.1), ("collective", 10.9, 0.3), ("tokens", 10.5, 64),
+             ("collective", 12.4, 0.5), ("collective", 99.0, 1.0)]
+    rows = a.assemble(raw, marks, offset=1000.0, attempt=2)
+    assert rows[0] == (2, 7, 1010.0, 1.0, pytest.approx(0.6), 0.3, 0.1, 64, None)
+    assert rows[1] == (2, 8, 1011.0, 1.5, pytest.approx(1.0), 0.5, 0.0, None, None)
+    assert rows[2][:2] == (3, 9)  # the new_attempt marker switched the attempt
+    assert rows[3] == (3, 10, 2000.0, 1.0, None, None, None, 5, None)
+    assert a._pending == [("collective", 99.0, 1.0)]  # belongs to a step not finished yet
+    assert a.dropped == 0 and a.last_step == 10
+
+
+def test_steps_without_phases_report_no_split():
+    a = _Assembler()
+    rows = a.assemble([(0, 1, 0.0, 1.0)], [], 0.0, 0)
+    assert rows[0][4:7] == (None, None, None)
+
+
+def test_bounded_buffer_drops_oldest_and_counts(tmp_path):
+    exp = RankExporter(run_id="b", url="http://127.0.0.1:9", max_buffer_rows=100,
+                       spill_dir=None, flush_interval_s=3600)
+    for n in range(250):
+        with exp.step(n):
+            pass
+    assert len(exp._steps) == 100  # memory stays bounded
+    rows = exp._asm.assemble(list(exp._steps), [], 0.0, 0)
+    assert exp._asm.dropped == 150 and rows[0][1] == 150
+    exp.close(timeout=0.5)
+
+
+def test_disabled_exporter_records_nothing_and_starts_no_thread():
+    exp = RankExporter(run_id="d", url="http://127.0.0.1:9", enabled=False)
+    with exp.step(1), exp.phase("collective"):
+        pass
+    exp.event("heartbeat")
+    exp.count(tokens=5)
+    assert exp._thread is None and not exp._steps and not exp._events and not exp._marks
+    assert exp.flush() and exp.close()
+    assert not RankExporter(run_id="d").enabled  # no URL: nowhere to send
+
+
+def test_bad_calls_warn_and_never_raise(caplog):
+    exp = RankExporter(run_id="w", url="http://127.0.0.1:9", spill_dir=None,
+                       flush_interval_s=3600)
+    exp.event("no_such_kind")
+    exp.event("heartbeat", colour="red")
+    with exp.step(1), exp.phase("bogus"):
+        pass
+    assert not exp._events
+    assert "ignoring event" in caplog.text and "unknown phase" in caplog.text
+    with pytest.raises(ZeroDivisionError), exp.step(2):
+        raise ZeroDivisionError  # the user's exception propagates; the step is not recorded
+    assert [r[1] for r in exp._steps] == [1]
+    exp.close(timeout=0.5)
+
+
+def test_config_from_torchrun_environment():
+    env = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "TORCHELASTIC_RESTART_COUNT": "2",
+           "TORCHELASTIC_RUN_ID": "job-7", "GOODLENS_URL": "http://c:8470",
+           "GOODLENS_TOKEN": "t"}
+    cfg = ExporterConfig.from_env(env)
+    assert (cfg.rank, cfg.world_size, cfg.local_rank, cfg.attempt, cfg.run_id, cfg.url,
+            cfg.token) == (5, 16, 1, 2, "job-7", "http://c:8470", "t")
+    assert not ExporterConfig.from_env({"GOODLENS_DISABLED": "1"}).enabled
+    assert ExporterConfig.from_env({"GOODLENS_RUN_ID": "x"}, rank=3).rank == 3
+    with pytest.raises(ValueError):
+        ExporterConfig(run_id="x", flush_interval_s=0)
+
+
+def _loop(exp, n, work_s=0.002):
+    times = []
+    for i in range(n):
+        t = time.perf_counter()
+        with exp.step(i):
+            end = time.perf_counter() + work_s
+            while time.perf_counter() < end:  # busy work, like a GPU launch loop
+                pass
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+@pytest.mark.slow
+def test_step_time_unchanged_while_collector_down_then_everything_delivered(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    exp = RankExporter(run_id="down", url=url, rank=0, flush_interval_s=0.05, batch_rows=100,
+                       spill_dir=str(tmp_path / "spill"), heartbeat_interval_s=0)
+    baseline = _loop(RankExporter(run_id="x", enabled=False), 300)
+    with_down = _loop(exp, 1500)
+    # the collector is not there: steps cost what they cost without goodlens
+    assert with_down < baseline * 1.05 + 50e-6, (with_down, baseline)
+    assert exp.stats["spilled_batches"] > 0 and exp.stats["dropped_rows"] == 0
+    c = Collector(tmp_path / "late.duckdb")
+    c.port, c.url = port, url
+    c.start()
+    try:
+        assert exp.flush(timeout=30)
+        c.sync()
+        _, body = http("GET", url + "/v1/runs/down")
+        assert body["run"]["steps"] == 1500
+    finally:
+        exp.close()
+        c.stop()
+    s = Store(tmp_path / "late.duckdb", read_only=True)
+    df = s.steps("down")
+    s.close()
+    assert list(df.step) == list(range(1500))
+    assert (df.duration_s >= 0.002).all()
+
+
+@pytest.mark.slow
+def test_sixteen_ranks_exactly_once_through_a_collector_crash(tmp_path):
+    """16 exporter processes; the collector is SIGKILLed and restarted mid-run; half the
+    ranks send every batch twice. Every step row and event must be stored exactly once."""
+    steps = 400
+    c = Collector(tmp_path / "crash.duckdb").start()
+    workers = [subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "rank_worker.py"), c.url, "crash", str(r),
+         str(steps), *(["--resend"] if r % 2 else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(16)]
+    try:
+        time.sleep(1.0)
+        c.kill()  # mid-run, no warning
+        time.sleep(1.0)
+        c.start()
+        outs = [w.communicate(timeout=120) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    stats = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert all(s["ok"] and s["dropped_rows"] == 0 for s in stats), stats
+    assert sum(s["spilled_batches"] for s in stats) > 0  # the crash was felt
+    c.sync()
+    c.stop()
+    s = Store(tmp_path / "crash.duckdb", read_only=True)
+    try:
+        df = s.steps("crash")
+        ev = s.events("crash")
+        summaries = s.step_summaries("crash")
+    finally:
+        s.close()
+    assert len(df) == 16 * steps
+    assert not df.duplicated(["attempt", "rank", "step"]).any()
+    assert sorted(df.groupby("rank").step.nunique().tolist()) == [steps] * 16
+    assert not ev.duplicated(["source", "seq"]).any()
+    assert (ev.kind == "attempt_start").sum() == 16
+    assert (ev.kind == "ckpt_save_start").sum() == 16 * (steps // 100)
+    assert (summaries.ranks == 16).all() and len(summaries) == steps
+    # the phase split was measured and adds up
+    assert df.compute_s.notna().all()
+    np.testing.assert_allclose(df.compute_s + df.collective_wait_s + df.data_wait_s,
+                               df.duration_s, rtol=1e-9, atol=1e-9)

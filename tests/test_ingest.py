@@ -1,0 +1,75 @@
+"""Validation of wire batches: every malformed shape is refused with the field named."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from collector.ingest import BatchError, decode_batch
+from tests.conftest import step_batch
+
+
+def refuse(doc, field: str | None, status: int = 422) -> BatchError:
+    body = doc if isinstance(doc, bytes) else orjson.dumps(doc)
+    with pytest.raises(BatchError) as info:
+        decode_batch(body)
+    assert info.value.field == field, info.value.message
+    assert info.value.status == status
+    return info.value
+
+
+def test_valid_batch_broadcasts_scalars_and_fills_optional_columns():
+    b = decode_batch(orjson.dumps(step_batch("r", 3, [5, 6, 7])))
+    assert b.steps.num_rows == 3
+    assert b.steps.column("rank").to_pylist() == [3, 3, 3]
+    assert b.steps.column("host").to_pylist() == ["node-0"] * 3
+    assert b.steps.column("tokens").null_count == 3
+    assert b.rows == 3
+
+
+def test_nulls_allowed_in_optional_numeric_columns():
+    doc = step_batch("r", 0, [1, 2])
+    doc["steps"]["compute_s"] = [0.5, None]
+    b = decode_batch(orjson.dumps(doc))
+    assert b.steps.column("compute_s").to_pylist() == [0.5, None]
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["steps"].__setitem__("rank", "three"), "steps.rank"),
+    (lambda d: d["steps"].__setitem__("step", [1.5, 2.5]), "steps.step"),
+    (lambda d: d["steps"].__setitem__("duration_s", ["1", "2"]), "steps.duration_s"),
+    (lambda d: d["steps"].__setitem__("duration_s", [1.0, -2.0]), "steps.duration_s"),
+    (lambda d: d["steps"].__setitem__("duration_s", [1.0, None]), "steps.duration_s"),
+    (lambda d: d["steps"].__setitem__("step", [[1], [2]]), "steps.step"),
+    (lambda d: d["steps"].__setitem__("step", [True, False]), "steps.step"),
+    (lambda d: d["steps"].pop("start_time"), "steps.start_time"),
+    (lambda d: d["steps"].__setitem__("durationz", [1, 2]), "steps.durationz"),
+    (lambda d: d["steps"].__setitem__("compute_s", [1.0, 2.0, 3.0]), "steps"),
+    (lambda d: d.pop("run_id"), "run_id"),
+    (lambda d: d.__setitem__("run_id", ""), "run_id"),
+    (lambda d: d.__setitem__("schema_version", 99), "schema_version"),
+    (lambda d: d.pop("schema_version"), "schema_version"),
+    (lambda d: d.__setitem__("extra", 1), "extra"),
+    (lambda d: d.__setitem__("run", {"world_size": "big"}), "run.world_size"),
+    (lambda d: d.__setitem__("run", {"colour": "red"}), "run.colour"),
+    (lambda d: d.__setitem__("events", {"source": "s", "seq": [0], "kind": ["explode"],
+                                        "time": [1.0], "attempt": 0}), "events.kind"),
+    (lambda d: d.__setitem__("events", {"source": "s", "seq": [0], "kind": ["heartbeat"],
+                                        "attempt": 0}), "events.time"),
+])
+def test_malformed_batches_name_the_field(mutate, field):
+    doc = step_batch("r", 0, [1, 2])
+    mutate(doc)
+    err = refuse(doc, field)
+    assert field.split(".")[-1] in err.message
+
+
+def test_not_json_and_not_an_object_are_400():
+    refuse(b"{not json", None, 400)
+    refuse(b"[1, 2]", None, 400)
+
+
+def test_schema_version_message_says_what_to_upgrade():
+    doc = step_batch("r", 0, [1])
+    doc["schema_version"] = 2
+    assert "upgrade the collector" in refuse(doc, "schema_version").message

@@ -1,0 +1,113 @@
+"""/metrics: exposition parsed by prometheus_client, and a real Prometheus scraping us."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.parse
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from collector.ingest import validate_batch
+from collector.metrics import make_registry
+from collector.store import Store
+from collector.writer import Writer
+from tests.conftest import free_port, http, step_batch
+
+
+def test_registry_values_from_a_store(tmp_path):
+    store = Store(tmp_path / "m.duckdb")
+    writer = Writer(store).start()
+    try:
+        for r in range(4):
+            doc = step_batch("m", r, list(range(150)))
+            doc["steps"]["duration_s"] = [1.0 + 0.001 * s for s in range(150)]
+            writer.submit(validate_batch(doc)).result(10)
+        writer.submit(validate_batch(step_batch("m", 0, [0, 1]))).result(10)  # re-sent
+        writer.sync()
+        reg = make_registry(store, writer)
+        get = reg.get_sample_value
+        assert get("goodlens_run_steps_total", {"run": "m"}) == 150
+        assert get("goodlens_run_last_step", {"run": "m"}) == 149
+        assert get("goodlens_run_ranks_reporting", {"run": "m"}) == 4
+        # quantiles over the latest 100 steps (50..149): durations 1.050..1.149
+        assert get("goodlens_run_step_duration_seconds", {"run": "m", "quantile": "0.5"}) == \
+            pytest.approx(1.0995)
+        assert get("goodlens_ingest_rows_total", {"table": "steps"}) == 600
+        assert get("goodlens_ingest_duplicate_rows_total", {"table": "steps"}) == 2
+        assert get("goodlens_writer_commit_seconds_count") >= 1
+        assert get("goodlens_writer_queue_rows") == 0
+    finally:
+        writer.stop()
+        store.close()
+
+
+def test_metrics_endpoint_parses_and_has_no_per_rank_series(collector):
+    for r in range(32):
+        http("POST", collector.url + "/v1/ingest", orjson.dumps(step_batch("p", r, [0, 1])))
+    http("POST", collector.url + "/v1/ingest", b"garbage")
+    collector.sync()
+    status, text = http("GET", collector.url + "/metrics")
+    assert status == 200
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in fams.values() for s in f.samples}
+    assert samples[("goodlens_run_ranks_reporting", (("run", "p"),))] == 32
+    assert samples[("goodlens_ingest_rejected_batches_total", (("reason", "invalid"),))] == 1
+    assert not any("rank" in dict(labels) for _, labels in samples)
+    assert all(name.startswith("goodlens_") for name in fams)
+
+
+def _prometheus() -> str:
+    path = shutil.which("prometheus")
+    if path is None:
+        pytest.fail("prometheus is not installed; `make test` installs Debian's package")
+    return path
+
+
+@pytest.mark.slow
+def test_real_prometheus_scrapes_the_collector(collector, tmp_path):
+    for r in range(4):
+        http("POST", collector.url + "/v1/ingest", orjson.dumps(step_batch("prom", r, [0, 1, 2])))
+    collector.sync()
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: goodlens
+    static_configs:
+      - targets: ['127.0.0.1:{collector.port}']
+""")
+    proc = subprocess.Popen(
+        [_prometheus(), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        query = urllib.parse.quote('goodlens_run_ranks_reporting{run="prom"}')
+        deadline = time.monotonic() + 40
+        result = []
+        while time.monotonic() < deadline:
+            try:
+                status, body = http("GET", f"http://127.0.0.1:{port}/api/v1/query?query={query}",
+                                    timeout=2)
+            except OSError:
+                status, body = 0, None
+            if status == 200 and body["data"]["result"]:
+                result = body["data"]["result"]
+                break
+            time.sleep(0.5)
+        assert result, "Prometheus never returned the series"
+        assert float(result[0]["value"][1]) == 4
+        assert result[0]["metric"]["job"] == "goodlens"
+        status, body = http("GET", f"http://127.0.0.1:{port}/api/v1/targets", timeout=5)
+        health = [t["health"] for t in body["data"]["activeTargets"]]
+        assert health == ["up"]
+    finally:
+        proc.terminate()
+        proc.wait(20)

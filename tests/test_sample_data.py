@@ -1,0 +1,57 @@
+"""The bundled sample trace is what its seeded recipe says, and the docs match the model."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pyarrow.parquet as pq
+
+from collector.replay import import_trace
+from collector.store import Store
+from goodlens.model import data_model_markdown
+from goodlens.trace import read_trace
+from tests.conftest import ROOT
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "sample_data" / "generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_recipe_regenerates_the_shipped_trace(tmp_path):
+    gen = _recipe()
+    gen.generate(tmp_path / "demo")
+    for name in ("runs", "steps", "events"):
+        fresh = pq.read_table(tmp_path / "demo" / f"{name}.parquet")
+        shipped = pq.read_table(ROOT / "sample_data" / "demo" / f"{name}.parquet")
+        assert fresh.equals(shipped), name
+
+
+def test_sample_trace_has_the_expected_facts(tmp_path):
+    exp = _recipe().EXPECTED
+    trace = read_trace(ROOT / "sample_data" / "demo")
+    assert trace.run_ids == [exp["run_id"]]
+    assert trace.tables["steps"].num_rows == exp["step_rows"]
+    store = Store(tmp_path / "s.duckdb")
+    try:
+        import_trace(store, ROOT / "sample_data" / "demo")
+        run = store.run(exp["run_id"])
+        assert (run["attempts"], run["last_step"], run["state"]) == (exp["attempts"],
+                                                                     exp["last_step"],
+                                                                     "completed")
+        s = store.step_summaries(exp["run_id"])
+        late = s[s.step >= 200]
+        assert (late.slowest_rank == exp["slow_rank"]).mean() > 0.95
+        restore = store.events(exp["run_id"], kinds=["ckpt_restore_start"])
+        assert list(restore.step) == [exp["restored_step"]]
+        a = store.attempts(exp["run_id"])
+        assert list(a.end_reason) == ["failed", "completed"]
+    finally:
+        store.close()
+
+
+def test_data_model_doc_is_generated_from_the_model():
+    doc = (ROOT / "docs" / "data-model.md").read_text()
+    assert data_model_markdown() in doc, "regenerate with: python -m goodlens.model > ..."
