@@ -13,6 +13,14 @@
  * Nothing here swallows errors: an exception raised by append() or index() propagates out
  * of __exit__ and the step is not recorded. An exception raised inside the with-block makes
  * __exit__ record nothing and return None, so the exception propagates.
+ *
+ * Two shortcuts keep a step near the cost of its two clock reads:
+ *  - `s.__enter__` and `s.__exit__` are getters returning `s` itself, and calling `s` with
+ *    no argument enters while calling it with (exc_type, exc, tb) exits. The with statement
+ *    therefore allocates no bound-method objects (on 3.11-3.13 it binds both per `with`).
+ *    A side effect: instances are callable.
+ *  - when index is exactly `itertools.count().__next__`, the count's tp_iternext is called
+ *    directly (same values, same StopIteration semantics); any other callable is called.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

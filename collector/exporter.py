@@ -128,9 +128,10 @@ class ExporterConfig:
 class _StepScope:
     """The reusable context returned by :meth:`RankExporter.step` (no allocation per step).
 
-    The hot path is two clock reads, one tuple and one ``deque.append``: ``step(n)`` stores
+    The hot path is two clock reads, one tuple and one ``deque.append``: ``arm(n)`` stores
     the step number and start, ``__enter__`` is the C builtin ``int`` (no Python frame), and
-    ``__exit__`` appends ``(index, step, start, end)``. Phases, waits and token counts go to a
+    ``__exit__`` appends ``(index, step, start, end)``. ``collector/_hotpath.c`` implements
+    the same type in C (about half the cost); this one is the fallback. Phases, waits and token counts go to a
     second deque and are matched to steps by time in the background thread; gaps in
     ``index`` count rows dropped by the bounded buffer.
     """
@@ -144,9 +145,21 @@ class _StepScope:
         self.step = 0
         self.t0 = 0.0
 
+    def arm(self, n: int) -> _StepScope:
+        """Set the step number and start time; returns the scope for ``with``."""
+        self.step = n
+        self.t0 = _perf()
+        return self
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:  # a step that raised did not complete; its failure is an event
             self._append((self._index(), self.step, self.t0, _perf()))
+
+
+try:  # the C version of _StepScope (collector/_hotpath.c), when it could be built
+    from collector._hotpath import StepScope as _FastStepScope
+except ImportError:  # no compiler or headers at install time: the pure-Python scope
+    _FastStepScope = _StepScope
 
 
 class _PhaseScope:
@@ -201,7 +214,7 @@ class RankExporter:
         self._events: deque = deque(maxlen=cfg.max_buffer_rows)
         self._index = itertools.count()
         self._seq = itertools.count()
-        self._scope = _StepScope(self._steps.append, self._index.__next__)
+        self._scope = _FastStepScope(self._steps.append, self._index.__next__)
         self._phases = {k: _PhaseScope(self._marks.append, k) for k in ("collective", "data")}
         self._asm = _Assembler()
         self._send_lock = threading.Lock()
@@ -227,6 +240,8 @@ class RankExporter:
                                         daemon=True)
         self._thread.start()
         _LIVE.add(self)
+        # enabled: `exp.step(n)` goes straight to the scope (no Python frame with the C scope)
+        self.step = self._scope.arm  # type: ignore[method-assign]
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RankExporter:
@@ -235,13 +250,13 @@ class RankExporter:
 
     # -- recording (training thread) ------------------------------------------
     def step(self, n: int) -> _StepScope | _NullScope:
-        """Context manager timing step ``n``: ``with exp.step(n): ...``."""
+        """Context manager timing step ``n``: ``with exp.step(n): ...``.
+
+        An enabled exporter replaces this method by its scope's ``arm`` (see ``__init__``).
+        """
         if not self.enabled:
             return _NULL
-        scope = self._scope
-        scope.step = n
-        scope.t0 = _perf()
-        return scope
+        return self._scope.arm(n)
 
     def phase(self, name: str) -> _PhaseScope | _NullScope:
         """Time part of the current step as ``collective`` or ``data`` wait; the rest of the

@@ -172,3 +172,25 @@ def test_sixteen_ranks_exactly_once_through_a_collector_crash(tmp_path):
     assert df.compute_s.notna().all()
     np.testing.assert_allclose(df.compute_s + df.collective_wait_s + df.data_wait_s,
                                df.duration_s, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("impl", ["python", "c"])
+def test_both_step_scopes_record_the_same_rows(impl):
+    import itertools
+    from collections import deque
+
+    from collector import exporter as mod
+    if impl == "c" and mod._FastStepScope is mod._StepScope:
+        pytest.skip("collector._hotpath was not built (no compiler or Python headers)")
+    cls = mod._StepScope if impl == "python" else mod._FastStepScope
+    buf: deque = deque()
+    scope = cls(buf.append, itertools.count().__next__)
+    before = time.perf_counter()
+    for n in (5, 6, 7):
+        with scope.arm(n):
+            pass
+    with pytest.raises(KeyError), scope.arm(8):
+        raise KeyError("boom")
+    after = time.perf_counter()
+    assert [(i, s) for i, s, _, _ in buf] == [(0, 5), (1, 6), (2, 7)]
+    assert all(before <= t0 <= t1 <= after for _, _, t0, t1 in buf)  # perf_counter's clock
