@@ -131,9 +131,9 @@ class _StepScope:
     The hot path is two clock reads, one tuple and one ``deque.append``: ``arm(n)`` stores
     the step number and start, ``__enter__`` is the C builtin ``int`` (no Python frame), and
     ``__exit__`` appends ``(index, step, start, end)``. ``collector/_hotpath.c`` implements
-    the same type in C (about half the cost); this one is the fallback. Phases, waits and token counts go to a
-    second deque and are matched to steps by time in the background thread; gaps in
-    ``index`` count rows dropped by the bounded buffer.
+    the same type in C (about half the cost); this one is the fallback. Phases, waits and
+    token counts go to a second deque and are matched to steps by time in the background
+    thread; gaps in ``index`` count rows dropped by the bounded buffer.
     """
 
     __slots__ = ("_append", "_index", "step", "t0")
