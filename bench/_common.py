@@ -440,8 +440,63 @@ def arrow_insert_baseline(w: Workload, path: Path, prebuild: bool = True) -> dic
 
 
 def rss_bytes(pid: int) -> int:
+    """Resident set size of one process (children not included)."""
     import psutil
     return psutil.Process(pid).memory_info().rss
+
+
+class RssSampler:
+    """Samples a process's RSS every ``interval`` seconds in a thread; keeps the peak."""
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        import threading
+        self.pid = pid
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while True:
+            with contextlib.suppress(Exception):
+                self.samples.append((time.monotonic() - t0, rss_bytes(self.pid)))
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling (a no-op when never started or already stopped)."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+
+    @property
+    def peak(self) -> int:
+        return max((r for _, r in self.samples), default=0)
+
+
+class CpuMeter:
+    """CPU seconds a process (and the whole machine) spent between ``start`` and ``stop``."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+        self._proc = psutil.Process(pid)
+        self._psutil = psutil
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._p0 = self._proc.cpu_times()
+        self._m0 = self._psutil.cpu_times()
+
+    def stop(self) -> dict[str, float]:
+        p1, m1 = self._proc.cpu_times(), self._psutil.cpu_times()
+        wall = time.perf_counter() - self._t0
+        proc = (p1.user - self._p0.user) + (p1.system - self._p0.system)
+        busy = (m1.user - self._m0.user) + (m1.system - self._m0.system)
+        return {"wall_s": wall, "proc_cores": proc / wall, "machine_cores": busy / wall}
 
 
 def peak_rss_bytes(pid: int) -> int | None:
@@ -451,3 +506,38 @@ def peak_rss_bytes(pid: int) -> int | None:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return None
+
+
+def _baseline_child(w: Workload, path: str, out: Any) -> None:
+    try:
+        res = arrow_insert_baseline(w, Path(path), prebuild=False)
+        res["rss_after"] = rss_bytes(os.getpid())
+        res["rss_peak"] = peak_rss_bytes(os.getpid()) or 0
+        out.put(res)
+    except BaseException as exc:
+        out.put({"error": repr(exc)})
+
+
+def arrow_insert_baseline_process(w: Workload, path: Path) -> dict[str, float]:
+    """:func:`arrow_insert_baseline` (tables built per batch) in a fresh interpreter, with
+    that process's peak and final RSS, so its memory can be compared with the collector's."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_baseline_child, args=(w, str(path), out))
+    proc.start()
+    res = out.get()
+    proc.join()
+    if "error" in res:
+        raise RuntimeError(f"baseline process failed: {res['error']}")
+    return res
+
+
+def checkpointed_bytes(db: Path) -> int:
+    """Size of a store file after folding its write-ahead log in (``CHECKPOINT``)."""
+    import duckdb
+    con = duckdb.connect(str(db))
+    try:
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    return db.stat().st_size

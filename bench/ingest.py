@@ -15,6 +15,7 @@ Target: >= 1,000,000 rows/s end to end.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     Collector,
+    CpuMeter,
     Workload,
     arrow_insert_baseline,
     markdown_section,
@@ -51,8 +53,10 @@ def main() -> int:
 
     with workdir(args.keep, args.tmp) as tmp:
         server = Collector(tmp).start()
+        cpu = CpuMeter(server.proc.pid)
         try:
-            res = push(w, server.port)
+            res = push(w, server.port, before_go=cpu.start)
+            use = cpu.stop()
             sync_s = server.sync()
         finally:
             rc = server.stop()
@@ -60,7 +64,9 @@ def main() -> int:
         counts = stored_rows(server.db)
         print(f"collector: {res.batches} pushes, {res.body_bytes / 2**20:,.0f} MiB of JSON "
               f"({res.body_bytes / res.rows:.0f} B/row), encoded by the clients in "
-              f"{res.prepare_s:.1f} s before timing; exit code {rc}", flush=True)
+              f"{res.prepare_s:.1f} s before timing; while pushing the collector used "
+              f"{use['proc_cores']:.2f} cores, the whole machine {use['machine_cores']:.2f} "
+              f"of {os.cpu_count()}; exit status after SIGTERM {rc}", flush=True)
         base = arrow_insert_baseline(w, tmp / "baseline.duckdb")
 
     ok_rows = (counts["steps"] == res.rows == res.inserted == counts["distinct_keys"]

@@ -9,7 +9,9 @@ detectors), never one series per rank of a 16k-rank job.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -22,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from collector.store import Store
 from collector.writer import LATENCY_BUCKETS, Writer
+from goodlens.accounting import account_run
 
 log = logging.getLogger("goodlens.metrics")
 
@@ -29,14 +32,18 @@ log = logging.getLogger("goodlens.metrics")
 class GoodlensCollector(Collector):
     """Per-run progress and step-time quantiles, plus the collector's own health."""
 
-    def __init__(self, store: Store, writer: Writer | None = None, window_steps: int = 100) -> None:
+    def __init__(self, store: Store, writer: Writer | None = None, window_steps: int = 100,
+                 accounting_ttl_s: float = 10.0) -> None:
         self.store = store
         self.writer = writer
         self.window_steps = window_steps
+        self.accounting_ttl_s = accounting_ttl_s
+        self._acc_cache: dict[str, tuple[float, Any]] = {}
 
     def collect(self) -> Iterator[Metric]:
         """Called by prometheus_client on every scrape."""
         yield from self._runs()
+        yield from self._goodput()
         if self.writer is not None:
             yield from self._self_metrics(self.writer)
 
@@ -64,6 +71,45 @@ class GoodlensCollector(Collector):
             for q, v in (("0.5", r.step_p50), ("0.9", r.step_p90), ("0.99", r.step_p99)):
                 qs.add_metric([r.run_id, q], float(v))
         yield from (steps, last, attempt, ranks, qs)
+
+    def _goodput(self) -> Iterator[Metric]:
+        ratio = GaugeMetricFamily("goodlens_run_goodput_ratio", "Productive share of the run's "
+                                  "wall-clock", labels=["run"])
+        gpu = GaugeMetricFamily("goodlens_run_gpu_time_goodput_ratio", "Productive share of "
+                                "the run's allocated GPU-time", labels=["run"])
+        wall = GaugeMetricFamily("goodlens_run_wall_clock_seconds", "Wall-clock of the run so "
+                                 "far", labels=["run"])
+        bad = GaugeMetricFamily("goodlens_run_badput_seconds", "Wall-clock lost, by bucket "
+                                "(straggler_wait absent when not measured)",
+                                labels=["run", "bucket"])
+        part = GaugeMetricFamily("goodlens_run_restart_seconds", "Restart time by part",
+                                 labels=["run", "part"])
+        try:
+            run_ids = list(self.store.runs().run_id)
+        except Exception:
+            log.exception("listing runs failed")
+            return
+        now = time.monotonic()
+        for run_id in run_ids:
+            cached = self._acc_cache.get(run_id)
+            if cached is None or cached[0] < now:
+                try:
+                    b = account_run(self.store, run_id).breakdown()
+                except Exception:
+                    log.exception("accounting run %s failed", run_id)
+                    continue
+                cached = self._acc_cache[run_id] = (now + self.accounting_ttl_s, b)
+            b = cached[1]
+            ratio.add_metric([run_id], b.goodput)
+            if b.gpu_time_goodput is not None:
+                gpu.add_metric([run_id], b.gpu_time_goodput)
+            wall.add_metric([run_id], b.wall_clock_s)
+            for name, v in b.buckets.items():
+                if name != "productive" and v is not None:
+                    bad.add_metric([run_id, name], v)
+            for name, v in b.restart_parts.items():
+                part.add_metric([run_id, name], v)
+        yield from (ratio, gpu, wall, bad, part)
 
     def _self_metrics(self, writer: Writer) -> Iterator[Metric]:
         st = writer.stats

@@ -14,6 +14,7 @@ Endpoints:
 - ``GET /metrics``: Prometheus text format.
 - ``GET /healthz``: liveness and queue depth.
 - ``GET /v1/runs``, ``GET /v1/runs/{run_id}``: the runs overview as JSON.
+- ``GET /v1/report?run=ID&since=T&until=T``: the time accounting (as ``goodlens report``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from collector.ingest import BatchError, decode_batch
 from collector.metrics import make_registry
 from collector.store import Store
 from collector.writer import Overloaded, Writer
+from goodlens.accounting import report_dict
 from goodlens.model import SCHEMA_VERSION
 
 log = logging.getLogger("goodlens.server")
@@ -187,6 +189,21 @@ def create_app(store: Store, writer: Writer, config: ServerConfig) -> Starlette:
                           "field": "run_id"}, 404)
         return _json({"run": records(pd.DataFrame([info]))[0], "attempts": records(attempts)})
 
+    async def report(request: Request) -> Response:
+        if (err := auth_error(request)) is not None:
+            return err
+        q = request.query_params
+
+        def build() -> dict:
+            return report_dict(store, q.get("run"), q.get("since"), q.get("until"))
+        try:
+            rep = await run_in_threadpool(build)
+        except KeyError as exc:
+            return _json({"error": f"{exc.args[0]}; list runs at /v1/runs", "field": "run"}, 404)
+        except ValueError as exc:
+            return _json({"error": str(exc), "field": "since/until"}, 422)
+        return _json(rep)
+
     async def sync(request: Request) -> Response:
         if (err := auth_error(request)) is not None:
             return err
@@ -197,6 +214,7 @@ def create_app(store: Store, writer: Writer, config: ServerConfig) -> Starlette:
         Route("/v1/ingest", ingest, methods=["POST"]),
         Route("/v1/sync", sync, methods=["POST"]),
         Route("/v1/runs", runs, methods=["GET"]),
+        Route("/v1/report", report, methods=["GET"]),
         Route("/v1/runs/{run_id:path}", run, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -227,6 +227,104 @@ def _import(store: Any, path: str, quiet: bool) -> dict[str, int]:
         return import_trace(store, path, progress=bar.update)
 
 
+def _instant(text: str | None, start: float, end: float, name: str) -> float | None:
+    from goodlens.units import parse_instant
+    if text is None:
+        return None
+    try:
+        return parse_instant(text, start, end)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=name) from None
+
+
+_BUCKET_NOTES = {"productive": "forward progress",
+                 "straggler_wait": "all ranks waiting on the slowest",
+                 "checkpoint_stall": "training blocked by saves",
+                 "recompute": "steps redone after a rollback", "restart": "failure to next step",
+                 "other": "gaps, eval, custom intervals"}
+
+
+def report_text(rep: dict[str, Any]) -> str:
+    """The human form of a report (what `goodlens report` prints)."""
+    wall = rep["wall_clock_s"]
+    def pct(v):
+        return (f"{100 * v / wall:5.1f}%" if wall and v is not None else "    -")
+    state = "in progress" if rep["in_progress"] else "ended"
+    gpu = rep["gpu_time_goodput"]
+    lines = [f"run {rep['run']} ({state}): wall-clock {format_duration(wall)}",
+             f"goodput {100 * rep['goodput']:.1f}% of wall-clock"
+             + (f", {100 * gpu:.1f}% of allocated GPU-time" if gpu is not None else ""), ""]
+    rows = []
+    for b, v in rep["buckets"].items():
+        rows.append({"b": b, "t": "not measured" if v is None else format_duration(v),
+                     "p": pct(v), "n": _BUCKET_NOTES[b]})
+        if b == "restart":
+            rows += [{"b": f"  {k}", "t": format_duration(x), "p": pct(x), "n": ""}
+                     for k, x in rep["restart_parts"].items() if x]
+        if b == "other":
+            rows += [{"b": f"  {k}", "t": format_duration(x), "p": pct(x), "n": ""}
+                     for k, x in rep["other_parts"].items() if x]
+    lines.append(table(rows, [("b", "bucket"), ("t", "time"), ("p", "share"), ("n", "")]))
+    steps = rep.get("steps") or {}
+    if steps:
+        lines.append(f"\nsteps: {steps.get('kept', 0)} kept, {steps.get('recomputed', 0)} "
+                     f"recomputed, {steps.get('incomplete', 0)} with ranks missing")
+    if rep["buckets"]["straggler_wait"] is None:
+        lines.append("straggler wait not measured: the exporter reported no compute/wait split "
+                     "(use exp.phase('collective') or the PyTorch integration)")
+    atts = rep.get("attempts") or []
+    if len(atts) > 1:
+        lines.append("")
+        lines.append(table([{"a": a["attempt"], "w": format_duration(a["wall_clock_s"]),
+                             "g": f"{100 * a['goodput']:.1f}%",
+                             "r": format_duration(a["buckets"]["restart"]),
+                             "c": format_duration(a["buckets"]["recompute"])} for a in atts],
+                           [("a", "attempt"), ("w", "wall-clock"), ("g", "goodput"),
+                            ("r", "restart"), ("c", "recompute")]))
+    return "\n".join(lines)
+
+
+@main.command()
+@click.option("--db", type=click.Path(dir_okay=False),
+              help="Store file (no collector may hold it).")
+@click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
+@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
+@click.option("--run", "run_id", help="Run id (default: the most recently started run).")
+@click.option("--since", help="Window start: epoch s, ISO time, +2h (into the run), -30m (before "
+                              "its end).")
+@click.option("--until", help="Window end, same forms as --since.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
+def report(db: str | None, url: str | None, token: str | None, run_id: str | None,
+           since: str | None, until: str | None, as_json: bool) -> None:
+    """Where the wall-clock went: goodput and every bucket, per run, attempt and window.
+
+    Buckets: productive, straggler_wait, checkpoint_stall, recompute, restart (detection,
+    queue, init, restore, warmup, unattributed) and other. They sum to the wall-clock.
+    """
+    if bool(db) == bool(url):
+        raise click.UsageError("give exactly one of --db PATH or --url URL")
+    if url:
+        import urllib.parse
+        q = {k: v for k, v in (("run", run_id), ("since", since), ("until", until)) if v}
+        rep = _get_json(url.rstrip("/") + "/v1/report?" + urllib.parse.urlencode(q), token)
+    else:
+        from goodlens.accounting import report_dict
+        store = _open_store(db)
+        try:
+            try:
+                rep = report_dict(store, run_id, since, until)
+            except KeyError as exc:
+                raise click.ClickException(str(exc.args[0])) from None
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--since/--until") from None
+        finally:
+            store.close()
+    if as_json:
+        _echo_json(rep)
+    else:
+        click.echo(report_text(rep))
+
+
 @main.command("import")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
 @click.option("--db", required=True, type=click.Path(dir_okay=False),

@@ -43,3 +43,43 @@ def format_duration(seconds: float) -> str:
     if s < 86400:
         return f"{sign}{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
     return f"{sign}{int(s // 86400)}d {int(s % 86400 // 3600):02d}h"
+
+
+def parse_instant(text: str | float, start: float | None = None, end: float | None = None) -> float:
+    """An instant in epoch seconds from the command line.
+
+    Accepts epoch seconds (``1767225600``), an ISO 8601 time (``2026-01-01T06:00``, UTC
+    unless it carries an offset), ``+DURATION`` after ``start`` (``+2h``: two hours into the
+    run) or ``-DURATION`` before ``end`` (``-30m``: the last half hour).
+    """
+    import datetime as dt
+
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = str(text).strip()
+    if s[:1] in "+-" and not _is_number(s):
+        ref = start if s[0] == "+" else end
+        if ref is None:
+            raise ValueError(f"{text!r} is relative to the run, but the run has no "
+                             f"{'start' if s[0] == '+' else 'end'} yet")
+        delta = parse_duration(s[1:])
+        return ref + delta if s[0] == "+" else ref - delta
+    if _is_number(s):
+        return float(s)
+    try:
+        when = dt.datetime.fromisoformat(s)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (use epoch seconds, an ISO time such as "
+                         "2026-01-01T06:00, +2h from the run's start or -30m before its end)"
+                         ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
