@@ -107,6 +107,13 @@ def main() -> int:
     print(table(rows, headers))
     print()
     growth = (rss["peak"] - rss["before"]) / n
+    curve = []
+    if sampler.samples:
+        end = sampler.samples[-1][0]
+        for q in (0.25, 0.5, 0.75, 1.0):
+            t, r = next(x for x in sampler.samples if x[0] >= q * end)
+            curve.append(f"{t:.0f} s {r / MIB:,.0f} MiB")
+    print(f"RSS while ingesting (time since first push): {'; '.join(curve)}")
     print(f"RSS growth before -> peak: {(rss['peak'] - rss['before']) / MIB:,.0f} MiB "
           f"({growth:.1f} B per row ingested); stored {counts['steps']:,} rows of {n:,} sent "
           f"-> {'ok' if ok_rows else 'MISMATCH'}")

@@ -115,7 +115,8 @@ class Accounting:
                  seg_gpus: np.ndarray, gpus_allocated: float, step_time: float,
                  measured_time: float, in_progress: bool,
                  attempt_spans: dict[int, tuple[float, float]],
-                 step_counts: dict[int | None, dict[str, int]], measured: bool) -> None:
+                 step_counts: dict[int | None, dict[str, int]], measured: bool,
+                 start: float = math.nan) -> None:
         self.run = run
         self.seg_start, self.seg_len, self.seg_key = seg_start, seg_len, seg_key
         self.seg_end = seg_start + seg_len
@@ -127,8 +128,9 @@ class Accounting:
         self.attempt_spans = attempt_spans
         self.step_counts = step_counts
         self.measured = measured
-        self.start = float(seg_start[0]) if len(seg_start) else math.nan
-        self.end = float(self.seg_end[-1]) if len(seg_start) else math.nan
+        # a run of zero length (or none at all) still has a start: its first attempt's
+        self.start = float(seg_start[0]) if len(seg_start) else start
+        self.end = float(self.seg_end[-1]) if len(seg_start) else start
 
     def breakdown(self, since: float | None = None, until: float | None = None,
                   attempt: int | None = None) -> Breakdown:
@@ -139,8 +141,8 @@ class Accounting:
             since, until = self.attempt_spans[attempt]
         lo = self.start if since is None else max(since, self.start)
         hi = self.end if until is None else min(until, self.end)
-        if not len(self.seg_start) or not hi > lo:
-            lo = hi = lo if len(self.seg_start) else 0.0
+        if not hi > lo:
+            lo = hi = lo if not math.isnan(lo) else 0.0
         overlap = np.clip(np.minimum(self.seg_end, hi) - np.maximum(self.seg_start, lo), 0, None)
         per_key = np.bincount(self.seg_key, weights=overlap, minlength=len(self.keys))
         gpu_key = np.bincount(self.seg_key, weights=overlap * self.seg_gpus,
@@ -247,7 +249,8 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
     steps = steps[_STEP_COLS].sort_values(["attempt", "step"]) if len(steps) else \
         pd.DataFrame(columns=_STEP_COLS)
     if attempts.empty:
-        return b.finish(world_size, spare_gpus, in_progress=False, spans={}, counts={})
+        return b.finish(world_size, spare_gpus, in_progress=False, spans={}, counts={},
+                        start=math.nan)
     by_attempt = {a: g for a, g in steps.groupby("attempt", sort=True)}
     firsts = {a: int(g.step.min()) for a, g in by_attempt.items()}
     last_row = attempts.iloc[-1]
@@ -278,7 +281,8 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
         for k in counts[None]:
             counts[None][k] += c[k]
         prev_end = end
-    return b.finish(world_size, spare_gpus, in_progress, spans, counts)
+    return b.finish(world_size, spare_gpus, in_progress, spans, counts,
+                    start=float(attempts.iloc[0]["start"]))
 
 
 def _isnull(v: Any) -> bool:
@@ -498,7 +502,7 @@ class _Builder:
         return counts
 
     def finish(self, world_size: int | None, spare_gpus: int, in_progress: bool,
-               spans: dict, counts: dict) -> Accounting:
+               spans: dict, counts: dict, start: float) -> Accounting:
         def cat(xs, dt=float):
             return (np.concatenate(xs) if xs else np.zeros(0, dtype=dt))
         starts, lens = cat(self.starts), cat(self.lens)
@@ -510,7 +514,7 @@ class _Builder:
             self.run, starts[order], lens[order], cat(self.kix, np.int64)[order], self.keys,
             cat(self.att, np.int64)[order], cat(self.gpus)[order],
             world * self.gpr + spare_gpus, self.step_time, self.measured_time, in_progress,
-            spans, counts, self.any_measured)
+            spans, counts, self.any_measured, start)
 
 
 # ---------------------------------------------------------------------------- intervals

@@ -101,3 +101,40 @@ def test_bad_durations_say_how_to_write_one(bad):
 def test_format_duration():
     assert [format_duration(x) for x in (0.45, 12.34, 185, 3725, 90000)] == \
         ["450ms", "12.3s", "3m 05s", "1h 02m", "1d 01h"]
+
+
+def test_report_json_has_the_documented_fields(tmp_path):
+    db = str(tmp_path / "r.duckdb")
+    run("import", SAMPLE, "--db", db)
+    rep = json.loads(run("report", "--db", db, "--run", "demo-8x", "--json").output)
+    for key in ("run", "wall_clock_s", "goodput", "gpu_time_goodput", "buckets",
+                "restart_parts", "attempts"):
+        assert key in rep
+    assert set(rep["buckets"]) == {"productive", "straggler_wait", "checkpoint_stall",
+                                   "recompute", "restart", "other"}
+    assert set(rep["restart_parts"]) >= {"detection", "queue", "init", "restore", "warmup"}
+    assert sum(rep["buckets"].values()) == pytest.approx(rep["wall_clock_s"])
+    assert rep["goodput"] == pytest.approx(rep["buckets"]["productive"] / rep["wall_clock_s"])
+    assert [a["attempt"] for a in rep["attempts"]] == [0, 1]
+    window = json.loads(run("report", "--db", db, "--since", "+10m", "--until", "-1m",
+                            "--json").output)  # default run: the only one
+    assert window["wall_clock_s"] == pytest.approx(rep["wall_clock_s"] - 660)
+    text = run("report", "--db", db).output
+    assert "goodput" in text and "queue" in text and "2m 00s" in text
+    bad = run("report", "--db", db, "--since", "yesterday-ish", ok=False)
+    assert bad.exit_code == 2 and "ISO time" in bad.output
+    assert "no run 'x'" in run("report", "--db", db, "--run", "x", ok=False).output
+
+
+def test_report_over_http_matches_the_file(collector, tmp_path):
+    import orjson
+
+    from tests.conftest import http, step_batch
+    for r in range(3):
+        http("POST", collector.url + "/v1/ingest", orjson.dumps(step_batch("h", r, [0, 1, 2])))
+    collector.sync()
+    rep = json.loads(run("report", "--url", collector.url, "--run", "h", "--json").output)
+    assert rep["run"] == "h" and rep["in_progress"]
+    assert rep["buckets"]["productive"] == pytest.approx(3.0, abs=0.05)
+    status, body = http("GET", collector.url + "/v1/report?run=nope")
+    assert status == 404

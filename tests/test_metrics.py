@@ -111,3 +111,26 @@ scrape_configs:
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_goodput_and_badput_per_run_match_the_report(tmp_path):
+    from collector.replay import import_trace
+    from goodlens.accounting import account_run
+    from tests.conftest import ROOT
+    store = Store(tmp_path / "g.duckdb")
+    try:
+        import_trace(store, ROOT / "sample_data" / "demo")
+        b = account_run(store, "demo-8x").breakdown()
+        get = make_registry(store).get_sample_value
+        assert get("goodlens_run_goodput_ratio", {"run": "demo-8x"}) == pytest.approx(b.goodput)
+        assert get("goodlens_run_gpu_time_goodput_ratio", {"run": "demo-8x"}) == \
+            pytest.approx(b.gpu_time_goodput)
+        for bucket in ("straggler_wait", "checkpoint_stall", "recompute", "restart", "other"):
+            assert get("goodlens_run_badput_seconds", {"run": "demo-8x", "bucket": bucket}) == \
+                pytest.approx(b.buckets[bucket])
+        assert get("goodlens_run_badput_seconds", {"run": "demo-8x", "bucket": "productive"}) \
+            is None
+        assert get("goodlens_run_restart_seconds", {"run": "demo-8x", "part": "queue"}) == \
+            pytest.approx(120.0, abs=0.1)
+    finally:
+        store.close()
