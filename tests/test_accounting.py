@@ -4,6 +4,7 @@ window)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -373,7 +374,7 @@ def test_buckets_are_nonnegative_and_sum_to_wall_clock_in_every_window(tmp_path_
         assert sum(x.wall_clock_s for x in acc.by_attempt()) == pytest.approx(whole.wall_clock_s)
         span = acc.end - acc.start
         edges = sorted(acc.start + c * span for c in cuts)
-        windows = [acc.breakdown(lo, hi) for lo, hi in zip(edges[:-1], edges[1:])]
+        windows = [acc.breakdown(lo, hi) for lo, hi in itertools.pairwise(edges)]
         for w in windows:
             check_invariants(w)
             assert 0 <= w.goodput <= 1 + 1e-9

@@ -136,5 +136,5 @@ def test_report_over_http_matches_the_file(collector, tmp_path):
     rep = json.loads(run("report", "--url", collector.url, "--run", "h", "--json").output)
     assert rep["run"] == "h" and rep["in_progress"]
     assert rep["buckets"]["productive"] == pytest.approx(3.0, abs=0.05)
-    status, body = http("GET", collector.url + "/v1/report?run=nope")
+    status, _body = http("GET", collector.url + "/v1/report?run=nope")
     assert status == 404
