@@ -129,6 +129,8 @@ def main() -> int:
          f"peak ({growth:.1f} B per row ingested); the store takes "
          f"{ckpt_bytes / n:.1f} B per step row once checkpointed (steps plus summaries and "
          "bookkeeping tables).",
+         "The baseline's \"after\" RSS is taken after it closed its connection (DuckDB "
+         "releases its buffer pool then); the collector keeps its store open.",
          f"Stored row count equals rows sent: {'yes' if ok_rows else 'NO'}."]))
     return 0 if ok_rows else 1
 
