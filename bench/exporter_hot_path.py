@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prometheus_client import CollectorRegistry, Histogram
 
 from bench._common import markdown_section, table
+from collector import exporter as exporter_mod
 from collector.exporter import RankExporter
 
 
@@ -73,6 +74,15 @@ def loop_step_phase(ctx: dict, iters: int) -> int:
     return perf_counter_ns() - t
 
 
+def loop_step_py(ctx: dict, iters: int) -> int:
+    exp = ctx["exp_py"]
+    t = perf_counter_ns()
+    for n in range(iters):
+        with exp.step(n):
+            pass
+    return perf_counter_ns() - t
+
+
 def loop_disabled(ctx: dict, iters: int) -> int:
     exp = ctx["disabled"]
     t = perf_counter_ns()
@@ -89,6 +99,7 @@ CASES: list[tuple[str, str, Callable[[dict, int], int]]] = [
     ("step", "with exp.step(n)", loop_step),
     ("step_phase", 'with exp.step(n) + exp.phase("collective")', loop_step_phase),
     ("disabled", "with exp.step(n), enabled=False", loop_disabled),
+    ("step_py", "with exp.step(n), pure-Python scope (info)", loop_step_py),
 ]
 
 
@@ -104,21 +115,33 @@ def main() -> int:
     if args.reps < 1 or args.iters < 1:
         ap.error("--reps and --iters must be positive")
 
-    exp = RankExporter(run_id="bench", url="http://127.0.0.1:9", spill_dir=None,
-                       heartbeat_interval_s=0)
-    exp._stop.set()
-    exp._thread.join()
-    assert exp.enabled and not exp._thread.is_alive()
+    def live_exporter() -> RankExporter:
+        e = RankExporter(run_id="bench", url="http://127.0.0.1:9", spill_dir=None,
+                         heartbeat_interval_s=0)
+        e._stop.set()
+        e._thread.join()
+        assert e.enabled and not e._thread.is_alive()
+        return e
+
+    exp = live_exporter()
+    scope_impl = type(exp._scope).__module__ + "." + type(exp._scope).__name__
+    # the same exporter with the pure-Python step scope (what runs when the optional C
+    # extension collector/_hotpath.c was not built)
+    exp_py = live_exporter()
+    exp_py._scope = exporter_mod._StepScope(exp_py._steps.append, exp_py._index.__next__)
+    if "step" in vars(exp_py):
+        exp_py.step = exp_py._scope.arm
     disabled = RankExporter(run_id="bench", url="http://127.0.0.1:9", enabled=False)
     ctx = {
-        "exp": exp, "disabled": disabled, "value": args.value,
+        "exp": exp, "exp_py": exp_py, "disabled": disabled, "value": args.value,
         "hist": Histogram("bench_step_seconds", "step time", registry=CollectorRegistry()),
         "hist_time": Histogram("bench_block_seconds", "block", registry=CollectorRegistry()),
     }
 
     def reset() -> None:
-        exp._steps.clear()
-        exp._marks.clear()
+        for e in (exp, exp_py):
+            e._steps.clear()
+            e._marks.clear()
         gc.collect()
         if args.no_gc:
             gc.disable()
@@ -152,7 +175,7 @@ def main() -> int:
 
     print(f"workload: {args.reps} repetitions x {args.iters:,} iterations per case "
           f"(median reported; histogram observes {args.value}); "
-          f"GC {'disabled' if args.no_gc else 'enabled'}")
+          f"GC {'disabled' if args.no_gc else 'enabled'}; step scope: {scope_impl}")
     print()
     print(table(rows, headers))
     print()
@@ -173,7 +196,9 @@ def main() -> int:
         [f"step / Histogram.observe (net): **{ratio:.2f}x**; target <= 0.5x and < 1000 ns "
          f"per step: **{verdict}**.",
          "The exporter's background thread is stopped so only recording is timed; its "
-         "buffer is cleared between repetitions. `with Histogram.time()` is for reference."]))
+         "buffer is cleared between repetitions. `with Histogram.time()` is for reference.",
+         f"Step scope measured: `{scope_impl}`; the pure-Python row is the fallback used "
+         "when the optional C extension is not built."]))
     return 0 if verdict == "PASS" else 1
 
 
