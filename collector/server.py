@@ -66,6 +66,8 @@ class ServerConfig:
     """Rows the write queue may hold before pushes get 503."""
     summarize_interval_s: float = 1.0
     """How often dirty step ranges are re-summarised."""
+    memory_limit: str | None = "2GB"
+    """DuckDB's memory limit (its buffer cache otherwise grows towards 80% of RAM)."""
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -233,9 +235,19 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -
 
     ``ready``, if given, is called with the bound port once the server accepts connections.
     """
+    import signal
+
     import uvicorn
 
-    store = Store(config.db)
+    # uvicorn shuts down on SIGINT/SIGTERM and then re-raises the signal with the handler
+    # that was installed before it: make that one a clean exit so the writer drains its
+    # queue, summarises and the store is closed (checkpointed) below.
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit)
+    store = Store(config.db, memory_limit=config.memory_limit)
     writer = Writer(store, max_queue_rows=config.max_queue_rows,
                     summarize_interval_s=config.summarize_interval_s).start()
     app = create_app(store, writer, config)

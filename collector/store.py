@@ -11,10 +11,11 @@ file. Inside it, exactly one thread writes (:class:`collector.writer.Writer` cal
 ``Store(path, read_only=True)`` opens a file no collector holds (offline analysis).
 
 Idempotency: a step row's key is (run_id, attempt, rank, step) and an event's is
-(run_id, source, seq). Each key part keeps a high-water mark (largest step or seq stored);
-a batch whose rows all lie above their marks is inserted directly, anything else takes an
-exact anti-join against stored rows. Re-sending a batch, or replaying a spill file, thus
-adds nothing.
+(run_id, source, seq). The writer keeps a high-water mark per key prefix (largest step per
+rank of an attempt, largest seq per source), loaded from the stored rows on first use; a
+batch whose rows all lie above their marks is gathered and inserted with the rest of its
+group in one statement, anything else takes an exact anti-join against stored rows.
+Re-sending a batch, or replaying a spill file, thus adds nothing.
 
 Per-step summaries (ranks reporting, median and max compute, slowest rank, step end, ...)
 are maintained as data arrives: each write records the step range it touched in ``dirty``
@@ -63,10 +64,6 @@ CREATE TABLE IF NOT EXISTS steps (
 CREATE TABLE IF NOT EXISTS events (
   run_id VARCHAR,
   {_ddl_columns(EVENT_COLUMNS)}
-);
-CREATE TABLE IF NOT EXISTS progress (
-  run_id VARCHAR, stream VARCHAR, part VARCHAR, hwm BIGINT,
-  PRIMARY KEY (run_id, stream, part)
 );
 CREATE TABLE IF NOT EXISTS dirty (run_id VARCHAR, attempt BIGINT, lo BIGINT, hi BIGINT);
 CREATE TABLE IF NOT EXISTS step_summaries (
@@ -153,6 +150,10 @@ class Store:
             config["memory_limit"] = memory_limit
         if threads:
             config["threads"] = threads
+        if not read_only:
+            # checkpoint the write-ahead log every 256 MB rather than DuckDB's 16 MB: fewer
+            # stalls of the single writer at high ingest rates
+            config["checkpoint_threshold"] = "256MB"
         if read_only and not Path(self.path).exists():
             raise FileNotFoundError(f"no goodlens store at {self.path}")
         try:
@@ -168,18 +169,20 @@ class Store:
             self._check_version()
         else:
             self._con.execute(_SCHEMA)
-            if self._con.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() \
-                    is None:
+            if not self._con.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchall():
                 self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)",
                                   [str(SCHEMA_VERSION)])
             self._check_version()
-        self._hwm: dict[tuple[str, str, str], int] = {
-            (r, s, p): h for r, s, p, h in
-            self._con.execute("SELECT run_id, stream, part, hwm FROM progress").fetchall()}
+        # high-water marks, loaded lazily from the stored rows (so they are as durable as
+        # the rows): per (run, attempt) the largest step of each rank, per (run, source)
+        # the largest event seq
+        self._marks: dict[tuple[str, int], np.ndarray] = {}
+        self._event_marks: dict[tuple[str, str], int] = {}
         self._known_runs = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
 
     def _check_version(self) -> None:
-        row = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        rows = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        row = rows[0] if rows else None
         if row is None or int(row[0]) != SCHEMA_VERSION:
             found = row[0] if row else "none"
             raise SchemaMismatch(f"{self.path} has schema version {found}; this goodlens "
@@ -194,133 +197,148 @@ class Store:
     def write_group(self, batches: list[Batch]) -> list[WriteResult]:
         """Write several batches in one transaction (group commit); all or nothing.
 
-        Only the writer thread may call this. When it returns the data is committed.
+        Only the writer thread may call this. When it returns the data is committed. Rows
+        that pass the high-water-mark check are gathered and inserted with one statement
+        per table for the whole group; the in-memory marks advance only after the commit.
         """
         if self.read_only:
             raise RuntimeError("store opened read-only")
-        pending_hwm: dict[tuple[str, str, str], int] = {}
-        new_runs: set[str] = set()
+        g = _Group(self)
         con = self._con
         con.execute("BEGIN TRANSACTION")
         try:
-            results = [self._write_batch(b, pending_hwm, new_runs) for b in batches]
-            if pending_hwm:
-                prog = pa.table({
-                    "run_id": [k[0] for k in pending_hwm], "stream": [k[1] for k in pending_hwm],
-                    "part": [k[2] for k in pending_hwm], "hwm": list(pending_hwm.values())})
-                con.register("_prog", prog)
-                con.execute("INSERT INTO progress SELECT * FROM _prog ON CONFLICT "
-                            "(run_id, stream, part) DO UPDATE SET "
-                            "hwm = greatest(progress.hwm, excluded.hwm)")
-                con.unregister("_prog")
+            results = [self._write_batch(b, g) for b in batches]
+            g.flush()
+            if g.dirty:
+                con.register("_dirty", pa.table({
+                    "run_id": [k[0] for k in g.dirty], "attempt": [k[1] for k in g.dirty],
+                    "lo": [v[0] for v in g.dirty.values()],
+                    "hi": [v[1] for v in g.dirty.values()]}))
+                con.execute("INSERT INTO dirty SELECT * FROM _dirty")
+                con.unregister("_dirty")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        self._hwm.update(pending_hwm)
-        self._known_runs |= new_runs
+        g.commit()
         return results
 
-    def _mark(self, key: tuple[str, str, str], pending: dict) -> int:
-        return pending.get(key, self._hwm.get(key, -1))
-
-    def _write_batch(self, b: Batch, pending: dict, new_runs: set) -> WriteResult:
-        con = self._con
+    def _write_batch(self, b: Batch, g: _Group) -> WriteResult:
         res = WriteResult()
-        if b.run or (b.run_id not in self._known_runs and b.run_id not in new_runs):
+        if b.run or (b.run_id not in self._known_runs and b.run_id not in g.new_runs):
             meta = b.run or {}
             cols = ", ".join(_RUN_NAMES)
             updates = ", ".join(f"{c} = coalesce(excluded.{c}, runs.{c})" for c in _RUN_NAMES)
-            first_seen = _first_time(b)
-            con.execute(
+            self._con.execute(
                 f"INSERT INTO runs (run_id, {cols}, first_seen) VALUES (?, "
                 f"{', '.join('?' * len(_RUN_NAMES))}, ?) ON CONFLICT (run_id) DO UPDATE SET "
                 f"{updates}, first_seen = least(runs.first_seen, excluded.first_seen)",
-                [b.run_id, *[meta.get(c) for c in _RUN_NAMES], first_seen])
-            new_runs.add(b.run_id)
+                [b.run_id, *[meta.get(c) for c in _RUN_NAMES], _first_time(b)])
+            g.new_runs.add(b.run_id)
         if b.steps is not None and b.steps.num_rows:
-            res.steps_inserted = self._insert_steps(b.run_id, b.steps, pending)
+            res.steps_inserted = self._insert_steps(b.run_id, b.steps, g)
             res.steps_duplicate = b.steps.num_rows - res.steps_inserted
         if b.events is not None and b.events.num_rows:
-            res.events_inserted = self._insert_events(b.run_id, b.events, pending)
+            res.events_inserted = self._insert_events(b.run_id, b.events, g)
             res.events_duplicate = b.events.num_rows - res.events_inserted
         return res
 
-    def _insert_steps(self, run_id: str, t: pa.Table, pending: dict) -> int:
-        con = self._con
+    def _step_marks(self, run_id: str, attempt: int, g: _Group) -> np.ndarray:
+        """Largest stored step per rank of (run, attempt) (-1: none), loaded on first use."""
+        key = (run_id, attempt)
+        marks = g.step_marks.get(key)
+        if marks is None:
+            marks = self._marks.get(key)
+            if marks is None:
+                rows = self._con.execute(
+                    "SELECT rank, max(step) FROM steps WHERE run_id = ? AND attempt = ? "
+                    "GROUP BY rank", [run_id, attempt]).fetchall()
+                marks = np.full(max([r for r, _ in rows], default=-1) + 1, -1, dtype=np.int64)
+                for r, m in rows:
+                    marks[r] = m
+            g.step_marks[key] = marks = marks.copy()
+        return marks
+
+    def _insert_steps(self, run_id: str, t: pa.Table, g: _Group) -> int:
         att = t.column("attempt").to_numpy()
         rank = t.column("rank").to_numpy()
         step = t.column("step").to_numpy()
-        key = (att.astype(np.int64) << 32) | rank.astype(np.int64)
-        order = np.lexsort((step, key))
-        ks, ss = key[order], step[order]
-        same = ks[1:] == ks[:-1]
-        ends = np.flatnonzero(~same)
-        firsts = np.r_[0, ends + 1]
-        lasts = np.r_[ends, len(ks) - 1]
-        parts = [(f"{int(k) >> 32}:{int(k) & 0xFFFFFFFF}", int(ss[f]), int(ss[e]))
-                 for k, f, e in zip(ks[firsts], firsts, lasts)]
-        fast = not np.any(same & (ss[1:] <= ss[:-1])) and all(
-            lo > self._mark((run_id, "steps", p), pending) for p, lo, _ in parts)
-        cols = ", ".join(_STEP_NAMES)
-        con.register("_steps", t)
-        try:
-            if fast:
-                con.execute(f"INSERT INTO steps (run_id, {cols}) SELECT ?, {cols} FROM _steps",
-                            [run_id])
-                inserted = t.num_rows
-            else:
+        fast = True
+        updates = []
+        for a in (np.unique(att) if att.min() != att.max() else att[:1]):
+            sel = slice(None) if att.min() == att.max() else att == a
+            r, s = rank[sel], step[sel]
+            marks = self._step_marks(run_id, int(a), g)
+            if r.max() >= len(marks):
+                grown = np.full(int(r.max()) + 1, -1, dtype=np.int64)
+                grown[:len(marks)] = marks
+                g.step_marks[(run_id, int(a))] = marks = grown
+            if fast and np.any(s <= marks[r]):
+                fast = False
+            if fast:  # no (rank, step) twice in the batch: steps strictly increase per rank
+                order = np.lexsort((s, r))
+                rs, ss = r[order], s[order]
+                if np.any((rs[1:] == rs[:-1]) & (ss[1:] <= ss[:-1])):
+                    fast = False
+            updates.append((marks, r, s, int(a), int(s.min()), int(s.max())))
+        if fast:
+            g.add_steps(run_id, t)
+            inserted = t.num_rows
+        else:
+            g.flush()  # rows gathered earlier in this group must be visible to the check
+            cols = ", ".join(_STEP_NAMES)
+            con = self._con
+            con.register("_steps", t)
+            try:
                 inserted = con.execute(
                     f"INSERT INTO steps (run_id, {cols}) SELECT ?, {cols} FROM "
                     f"(SELECT DISTINCT ON (attempt, rank, step) * FROM _steps) b "
                     f"ANTI JOIN (SELECT attempt, rank, step FROM steps WHERE run_id = ? "
                     f"AND step BETWEEN ? AND ?) s USING (attempt, rank, step)",
-                    [run_id, run_id, int(step.min()), int(step.max())]).fetchone()[0]
-        finally:
-            con.unregister("_steps")
-        for p, _, hi in parts:
-            k = (run_id, "steps", p)
-            pending[k] = max(hi, self._mark(k, pending))
-        if inserted:
-            span = pa.table({"attempt": att, "step": step}).group_by("attempt").aggregate(
-                [("step", "min"), ("step", "max")])
-            con.register("_span", span)
-            con.execute("INSERT INTO dirty SELECT ?, attempt, step_min, step_max FROM _span",
-                        [run_id])
-            con.unregister("_span")
+                    [run_id, run_id, int(step.min()), int(step.max())]).fetchall()[0][0]
+            finally:
+                con.unregister("_steps")
+        for marks, r, s, a, lo, hi in updates:
+            np.maximum.at(marks, r, s)
+            if inserted:
+                d = g.dirty.get((run_id, a))
+                g.dirty[(run_id, a)] = (min(lo, d[0]), max(hi, d[1])) if d else (lo, hi)
         return int(inserted)
 
-    def _insert_events(self, run_id: str, t: pa.Table, pending: dict) -> int:
+    def _insert_events(self, run_id: str, t: pa.Table, g: _Group) -> int:
         con = self._con
         sources = t.column("source").to_pylist()
         seqs = t.column("seq").to_pylist()
-        spans: dict[str, list[int]] = {}
         fast = True
         last: dict[str, int] = {}
-        for s, q in zip(sources, seqs):
-            if q <= last.get(s, self._mark((run_id, "events", s), pending)):
+        for src, q in zip(sources, seqs):
+            key = (run_id, src)
+            if key not in last:
+                mark = g.event_marks.get(key, self._event_marks.get(key))
+                if mark is None:
+                    row = con.execute("SELECT max(seq) FROM events WHERE run_id = ? AND "
+                                      "source = ?", [run_id, src]).fetchall()[0]
+                    mark = -1 if row[0] is None else int(row[0])
+                last[key] = mark
+            if q <= last[key]:
                 fast = False
-            last[s] = q
-            lo_hi = spans.setdefault(s, [q, q])
-            lo_hi[0], lo_hi[1] = min(lo_hi[0], q), max(lo_hi[1], q)
-        cols = ", ".join(_EVENT_NAMES)
-        con.register("_events", t)
-        try:
-            if fast:
-                con.execute(f"INSERT INTO events (run_id, {cols}) SELECT ?, {cols} FROM _events",
-                            [run_id])
-                inserted = t.num_rows
-            else:
+            last[key] = max(last[key], q)
+        if fast:
+            g.add_events(run_id, t)
+            inserted = t.num_rows
+        else:
+            g.flush()
+            cols = ", ".join(_EVENT_NAMES)
+            con.register("_events", t)
+            try:
                 inserted = con.execute(
                     f"INSERT INTO events (run_id, {cols}) SELECT ?, {cols} FROM "
                     f"(SELECT DISTINCT ON (source, seq) * FROM _events) b "
                     f"ANTI JOIN (SELECT source, seq FROM events WHERE run_id = ?) e "
-                    f"USING (source, seq)", [run_id, run_id]).fetchone()[0]
-        finally:
-            con.unregister("_events")
-        for s, (_, hi) in spans.items():
-            k = (run_id, "events", s)
-            pending[k] = max(hi, self._mark(k, pending))
+                    f"USING (source, seq)", [run_id, run_id]).fetchall()[0][0]
+            finally:
+                con.unregister("_events")
+        g.event_marks.update(last)
         return int(inserted)
 
     def summarize_dirty(self) -> int:
@@ -338,7 +356,7 @@ class Store:
                 con.execute("DELETE FROM step_summaries WHERE run_id = ? AND attempt = ? "
                             "AND step BETWEEN ? AND ?", params)
                 total += con.execute("INSERT INTO step_summaries " + _SUMMARY_SELECT,
-                                     params).fetchone()[0]
+                                     params).fetchall()[0][0]
             con.execute("DELETE FROM dirty")
             con.execute("COMMIT")
         except BaseException:
@@ -348,7 +366,7 @@ class Store:
 
     def has_dirty(self) -> bool:
         """Whether some step ranges await summarising."""
-        return self._con.execute("SELECT count(*) FROM dirty").fetchone()[0] > 0
+        return self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0] > 0
 
     # ------------------------------------------------------------------ reads
     def _cursor(self) -> duckdb.DuckDBPyConnection:
@@ -443,7 +461,7 @@ class Store:
     def row_counts(self) -> dict[str, int]:
         """Rows stored per table (steps, events, runs, step_summaries)."""
         cur = self._cursor()
-        return {t: cur.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        return {t: cur.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
                 for t in ("runs", "steps", "events", "step_summaries")}
 
     def table(self, name: str, run_id: str) -> pa.Table:
@@ -454,6 +472,50 @@ class Store:
         rel = self._cursor().sql(f"SELECT * FROM {name} WHERE run_id = $1", params=[run_id])
         # duckdb >= 1.4 names it to_arrow_table(); older releases call it arrow()
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+class _Group:
+    """One transaction's pending work: rows gathered for a single INSERT per table, marks
+    and dirty ranges that become the store's only once the transaction commits."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.steps: list[pa.Table] = []
+        self.events: list[pa.Table] = []
+        self.step_marks: dict[tuple[str, int], np.ndarray] = {}
+        self.event_marks: dict[tuple[str, str], int] = {}
+        self.dirty: dict[tuple[str, int], tuple[int, int]] = {}
+        self.new_runs: set[str] = set()
+
+    def add_steps(self, run_id: str, t: pa.Table) -> None:
+        self.steps.append(t.add_column(0, "run_id", pa.array([run_id] * t.num_rows,
+                                                             pa.string())))
+
+    def add_events(self, run_id: str, t: pa.Table) -> None:
+        self.events.append(t.add_column(0, "run_id", pa.array([run_id] * t.num_rows,
+                                                              pa.string())))
+
+    def flush(self) -> None:
+        """Insert the gathered rows (one statement per table)."""
+        con = self.store._con
+        for name, pending, cols in (("steps", self.steps, _STEP_NAMES),
+                                    ("events", self.events, _EVENT_NAMES)):
+            if not pending:
+                continue
+            table = pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+            names = ", ".join(["run_id", *cols])
+            con.register("_rows", table)
+            try:
+                con.execute(f"INSERT INTO {name} ({names}) SELECT {names} FROM _rows")
+            finally:
+                con.unregister("_rows")
+            pending.clear()
+
+    def commit(self) -> None:
+        """The transaction committed: the marks and known runs are now true."""
+        self.store._marks.update(self.step_marks)
+        self.store._event_marks.update(self.event_marks)
+        self.store._known_runs |= self.new_runs
 
 
 def _where(conds: dict[str, Any]) -> tuple[str, list]:

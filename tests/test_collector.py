@@ -110,7 +110,10 @@ def test_graceful_stop_keeps_everything_and_file_reopens(tmp_path):
     c = Collector(tmp_path / "g.duckdb").start()
     for r in range(4):
         assert push(c, step_batch("g", r, list(range(50))))[0] == 200
-    c.stop()
+    c.stop()  # SIGTERM right after the last push
+    assert c.proc.returncode == 0  # a clean exit, not death by signal
+    wal = tmp_path / "g.duckdb.wal"
+    assert not wal.exists() or wal.stat().st_size == 0  # the store was closed (checkpointed)
     s = Store(tmp_path / "g.duckdb", read_only=True)
     try:
         assert s.row_counts()["steps"] == 200
