@@ -231,6 +231,10 @@ class Workload:
     ranks: int = 1000
     steps: int = 10
     clients: int = 2
+    connections: int = 1
+    """Concurrent connections (threads) per client process, like many exporters at once."""
+    wire: str = "json"
+    """Wire format of the pushes: ``json`` or ``arrow`` (Arrow IPC)."""
 
     @property
     def batch_rows(self) -> int:
@@ -244,15 +248,21 @@ class Workload:
     def total_rows(self) -> int:
         return self.batches * self.batch_rows
 
-    def client_batches(self, client: int) -> list[int]:
-        """Per-client batch numbers (0, 1, 2, ... within the client)."""
-        n = self.batches // self.clients + (1 if client < self.batches % self.clients else 0)
+    @property
+    def pushers(self) -> int:
+        """Independent senders (client processes x connections), each owning its ranks."""
+        return self.clients * self.connections
+
+    def client_batches(self, pusher: int) -> list[int]:
+        """Batch numbers (0, 1, 2, ...) of one pusher (a connection of a client process)."""
+        n = self.batches // self.pushers + (1 if pusher < self.batches % self.pushers else 0)
         return list(range(n))
 
     def describe(self) -> str:
         return (f"{self.total_rows:,} step rows in {self.batches:,} batches of "
                 f"{self.batch_rows:,} ({self.ranks:,} ranks x {self.steps} steps, all 9 "
-                f"columns), {self.clients} client process(es)")
+                f"columns), {self.clients} client process(es) x {self.connections} "
+                f"connection(s)")
 
 
 def batch_columns(w: Workload, client: int, k: int) -> dict[str, Any]:
@@ -275,11 +285,18 @@ def batch_columns(w: Workload, client: int, k: int) -> dict[str, Any]:
             "collective_wait_s": coll, "data_wait_s": data}
 
 
-def encode_wire(cols: dict[str, Any], run_id: str = RUN_ID) -> bytes:
-    """A wire batch (JSON) with every column as a list."""
+def encode_wire(cols: dict[str, Any], run_id: str = RUN_ID, wire: str = "json") -> bytes:
+    """A wire batch (JSON, or Arrow IPC) with every column as a list."""
     doc = {"schema_version": 1, "run_id": run_id, "steps": cols,
            "exporter": {"source": "bench", "dropped_rows": 0}}
+    if wire == "arrow":
+        from collector.ingest_arrow import encode_arrow_batch
+        doc["steps"] = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in cols.items()}
+        return encode_arrow_batch(doc)
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+CONTENT_TYPES = {"json": "application/json", "arrow": "application/vnd.apache.arrow.stream"}
 
 
 def arrow_table(cols: dict[str, Any], run_id: str = RUN_ID):
@@ -324,42 +341,69 @@ class PushResult:
         return float(np.percentile(self.latencies_s, q) * 1e3)
 
 
+def _send_all(port: int, bodies: list[bytes], sink: list, wire: str = "json") -> None:
+    """Push ``bodies`` in order over one persistent connection; results appended to sink."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    headers = {"Content-Type": CONTENT_TYPES[wire]}
+    lat, retries, inserted, dup, nbytes = [], 0, 0, 0, 0
+    for body in bodies:
+        while True:
+            t = time.perf_counter()
+            conn.request("POST", "/v1/ingest", body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            dt = time.perf_counter() - t
+            if resp.status == 503:
+                retries += 1
+                time.sleep(float(resp.getheader("Retry-After", "1")) / 10)
+                continue
+            if resp.status != 200:
+                raise RuntimeError(f"push answered {resp.status}: {data[:300]!r}")
+            break
+        r = orjson.loads(data)
+        inserted += r["steps_inserted"]
+        dup += r["steps_duplicate"]
+        nbytes += len(body)
+        lat.append(dt)
+    conn.close()
+    sink.append((lat, retries, inserted, dup, nbytes))
+
+
 def _client(w: Workload, client: int, port: int, ready: Any, go: Any, out: Any) -> None:
+    import threading
     try:
         t = time.perf_counter()
-        bodies = [encode_wire(batch_columns(w, client, k)) for k in w.client_batches(client)]
+        # connection i of this client is pusher p: it owns ranks [p*ranks, (p+1)*ranks) and
+        # sends its batches in step order, like one exporter (or one host aggregator)
+        pushers = [client * w.connections + i for i in range(w.connections)]
+        bodies = {p: [encode_wire(batch_columns(w, p, k), wire=w.wire)
+                      for k in w.client_batches(p)] for p in pushers}
         prep = time.perf_counter() - t
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        conn.connect()
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        headers = {"Content-Type": "application/json"}
-        lat, retries, inserted, dup, nbytes = [], 0, 0, 0, 0
+        sink: list = []
+        errors: list = []
+
+        def run(i: int) -> None:
+            try:
+                _send_all(port, bodies[pushers[i]], sink, w.wire)
+            except BaseException as exc:
+                errors.append(exc)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(w.connections)]
         ready.wait()
         go.wait()
         first = time.perf_counter()
-        for body in bodies:
-            while True:
-                t = time.perf_counter()
-                conn.request("POST", "/v1/ingest", body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                dt = time.perf_counter() - t
-                if resp.status == 503:
-                    retries += 1
-                    time.sleep(float(resp.getheader("Retry-After", "1")) / 10)
-                    continue
-                if resp.status != 200:
-                    raise RuntimeError(f"push answered {resp.status}: {data[:300]!r}")
-                break
-            r = orjson.loads(data)
-            inserted += r["steps_inserted"]
-            dup += r["steps_duplicate"]
-            nbytes += len(body)
-            lat.append(dt)
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
         last = time.perf_counter()
-        conn.close()
-        out.put((client, None, first, last, lat, retries, inserted, dup, nbytes, prep,
-                 len(bodies)))
+        if errors:
+            raise errors[0]
+        lat = [x for r in sink for x in r[0]]
+        out.put((client, None, first, last, lat, sum(r[1] for r in sink),
+                 sum(r[2] for r in sink), sum(r[3] for r in sink), sum(r[4] for r in sink),
+                 prep, sum(len(b) for b in bodies.values())))
     except BaseException as exc:  # report, never hang the parent
         import traceback
         out.put((client, f"{exc!r}\n{traceback.format_exc()}", 0, 0, [], 0, 0, 0, 0, 0, 0))
@@ -417,7 +461,7 @@ def arrow_insert_baseline(w: Workload, path: Path, prebuild: bool = True) -> dic
     timed); without it each batch is built, inserted and dropped (bounded memory).
     """
     import duckdb
-    jobs = [(c, k) for c in range(w.clients) for k in w.client_batches(c)]
+    jobs = [(p, k) for p in range(w.pushers) for k in w.client_batches(p)]
     con = duckdb.connect(str(path))
     con.execute(STEPS_DDL)
     tables = [arrow_table(batch_columns(w, c, k)) for c, k in jobs] if prebuild else None

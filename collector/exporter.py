@@ -38,7 +38,8 @@ from time import perf_counter as _perf
 from typing import Any
 
 from collector.ingest import encode_batch
-from collector.transport import Transport
+from collector.ingest_arrow import encode_arrow_batch
+from collector.transport import ARROW, JSON, Transport
 from goodlens.model import EVENT_COLUMNS, EVENT_KINDS, SCHEMA_VERSION
 
 log = logging.getLogger("goodlens.exporter")
@@ -83,6 +84,8 @@ class ExporterConfig:
     """How often a heartbeat event proves the process alive (0 disables)."""
     timeout_s: float = 5.0
     """HTTP timeout of one push."""
+    wire: str = "arrow"
+    """Wire format: ``arrow`` (Arrow IPC, cheapest for the collector) or ``json``."""
     run_meta: dict[str, Any] = field(default_factory=dict)
     """Run metadata sent once: name, world_size, gpus_per_rank, global_batch, model_params, tags."""
 
@@ -93,6 +96,8 @@ class ExporterConfig:
             raise ValueError("rank and attempt must not be negative")
         if self.flush_interval_s <= 0 or self.batch_rows <= 0 or self.max_buffer_rows <= 0:
             raise ValueError("flush_interval_s, batch_rows and max_buffer_rows must be positive")
+        if self.wire not in ("arrow", "json"):
+            raise ValueError(f"wire must be 'arrow' or 'json', not {self.wire!r}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ExporterConfig:
@@ -114,6 +119,8 @@ class ExporterConfig:
             found["attempt"] = int(env["GOODLENS_ATTEMPT"])
         if env.get("GOODLENS_SPILL_DIR"):
             found["spill_dir"] = env["GOODLENS_SPILL_DIR"]
+        if env.get("GOODLENS_WIRE"):
+            found["wire"] = env["GOODLENS_WIRE"]
         if env.get("GOODLENS_DISABLED", "").lower() in ("1", "true", "yes"):
             found["enabled"] = False
         found.update(overrides)
@@ -387,9 +394,10 @@ class RankExporter:
     def _send_all_locked(self, final: bool) -> None:
         assert self._transport is not None
         self._transport.drain_spill()
+        ctype = ARROW if self.config.wire == "arrow" else JSON
         while self._steps or self._events or not self._meta_sent:
             body, rows = self._next_batch(final)
-            self._asm.dropped += self._transport.deliver(body, rows)
+            self._asm.dropped += self._transport.deliver(body, rows, ctype)
             self._meta_sent = True
 
     def _next_batch(self, final: bool) -> tuple[bytes, int]:
@@ -422,7 +430,8 @@ class RankExporter:
             for name in sorted(used):
                 ev[name] = _compact([e[4].get(name) for e in events])
             doc["events"] = ev
-        return encode_batch(doc), len(steps) + len(events)
+        encode = encode_arrow_batch if cfg.wire == "arrow" else encode_batch
+        return encode(doc), len(steps) + len(events)
 
 
 class _Assembler:

@@ -8,7 +8,8 @@ read API in worker threads with their own cursors.
 
 Endpoints:
 
-- ``POST /v1/ingest``: one wire batch (see :mod:`collector.ingest`); 200 with the rows
+- ``POST /v1/ingest``: one wire batch, JSON (:mod:`collector.ingest`) or Arrow IPC
+  (:mod:`collector.ingest_arrow`); 200 with the rows
   inserted and recognised as duplicates; 400/413/415/422 naming what is wrong; 401/403 for
   a missing or wrong token; 503 with ``Retry-After`` when the write queue is full.
 - ``GET /metrics``: Prometheus text format.
@@ -39,6 +40,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from collector.ingest import BatchError, decode_batch
+from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
+from collector.ingest_arrow import decode_arrow_batch
 from collector.metrics import make_registry
 from collector.store import Store
 from collector.writer import Overloaded, Writer
@@ -46,6 +49,7 @@ from goodlens.accounting import report_dict
 from goodlens.model import SCHEMA_VERSION
 
 log = logging.getLogger("goodlens.server")
+_DECODERS = {"application/json": decode_batch, ARROW_STREAM: decode_arrow_batch}
 
 
 @dataclass
@@ -133,10 +137,11 @@ def create_app(store: Store, writer: Writer, config: ServerConfig) -> Starlette:
         if (err := auth_error(request)) is not None:
             return err
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        if ctype != "application/json":
+        decode = _DECODERS.get(ctype)
+        if decode is None:
             writer.stats.reject("invalid")
             return _json({"error": f"content type {ctype} not supported; send "
-                          "application/json", "field": "content-type"}, 415)
+                          f"{' or '.join(_DECODERS)}", "field": "content-type"}, 415)
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
             return _too_large(writer, config)
@@ -146,7 +151,7 @@ def create_app(store: Store, writer: Writer, config: ServerConfig) -> Starlette:
             if len(body) > config.max_body_bytes:
                 return _too_large(writer, config)
         try:
-            batch = await run_in_threadpool(decode_batch, bytes(body))
+            batch = await run_in_threadpool(decode, bytes(body))
         except BatchError as exc:
             writer.stats.reject("invalid")
             return _json(exc.as_dict(), exc.status)

@@ -341,16 +341,23 @@ class Store:
         g.event_marks.update(last)
         return int(inserted)
 
-    def summarize_dirty(self) -> int:
-        """Recompute the summaries of every dirty step range; returns the steps summarised."""
-        con = self._con
-        ranges = con.execute("SELECT run_id, attempt, min(lo), max(hi) FROM dirty "
-                             "GROUP BY run_id, attempt").fetchall()
-        if not ranges:
-            return 0
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new cursor on the file for a thread of its own (the summariser's)."""
+        return self._con.cursor()
+
+    def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Recompute the summaries of every dirty step range; returns the steps summarised.
+
+        ``con`` lets a summariser thread use its own cursor while the writer inserts.
+        """
+        con = con or self._con
         total = 0
+        # one snapshot for everything: the dirty rows read are exactly the ones deleted, and
+        # rows the writer commits meanwhile stay dirty for the next pass
         con.execute("BEGIN TRANSACTION")
         try:
+            ranges = con.execute("SELECT run_id, attempt, min(lo), max(hi) FROM dirty "
+                                 "GROUP BY run_id, attempt").fetchall()
             for run_id, attempt, lo, hi in ranges:
                 params = [run_id, attempt, lo, hi]
                 con.execute("DELETE FROM step_summaries WHERE run_id = ? AND attempt = ? "

@@ -2,8 +2,9 @@
 
 The exporter's background thread hands each encoded batch to :class:`Transport.deliver`.
 Batches are delivered strictly in order. When the collector is unreachable (connection
-error, timeout, 5xx, 503) the batch goes to an append-only spill file, one JSON batch per
-line, and delivery is retried with exponential backoff; once the collector answers again
+error, timeout, 5xx, 503) the batch goes to an append-only spill file (records of a 7-byte
+header, ``GL``, the format and the length, then the body; a record torn by a crash is
+ignored), and delivery is retried with exponential backoff; once the collector answers again
 the spill file is replayed from the start and then removed. Replaying is safe because the
 store ignores rows it already holds (keys: run, attempt, rank, step / source, seq). A
 leftover spill file from an earlier process of the same run and rank is replayed too.
@@ -19,6 +20,7 @@ import http.client
 import logging
 import os
 import random
+import struct
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -26,6 +28,10 @@ from urllib.parse import urlsplit
 log = logging.getLogger("goodlens.exporter")
 
 RETRYABLE = {408, 429, 500, 502, 503, 504}
+JSON = "application/json"
+ARROW = "application/vnd.apache.arrow.stream"
+_KINDS = (JSON, ARROW)
+_HEADER = struct.Struct(">2sBI")  # magic, format (index in _KINDS), body length
 
 
 @dataclass
@@ -52,7 +58,7 @@ class Transport:
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._https else 80)
         self._path = (parts.path.rstrip("/") or "") + "/v1/ingest"
-        self._headers = {"Content-Type": "application/json"}
+        self._headers: dict[str, str] = {}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self.timeout_s = timeout_s
@@ -65,7 +71,7 @@ class Transport:
         self.stats = DeliveryStats()
 
     # -- public -------------------------------------------------------------
-    def deliver(self, body: bytes, rows: int = 0) -> int:
+    def deliver(self, body: bytes, rows: int = 0, content_type: str = JSON) -> int:
         """Send one batch now, or spill it behind earlier undelivered ones.
 
         Returns the number of rows that had to be dropped (spill full or unwritable).
@@ -73,10 +79,10 @@ class Transport:
         if self.has_spill():
             self.drain_spill()
         if not self.has_spill() and time.monotonic() >= self._next_try:
-            outcome = self._post(body)
+            outcome = self._post(body, content_type)
             if outcome != "retry":
                 return 0
-        return self._spill(body, rows)
+        return self._spill(body, rows, content_type)
 
     def drain_spill(self) -> bool:
         """Replay the spill file if the collector is reachable; True when nothing is left."""
@@ -87,27 +93,28 @@ class Transport:
         assert self.spill_path is not None
         try:
             with open(self.spill_path, "rb") as f:
-                lines = f.readlines()
+                data = f.read()
         except OSError as exc:
             self.stats.last_error = f"reading spill file: {exc}"
             return False
-        delivered = 0
-        for line in lines:
-            line = line.rstrip(b"\n")
-            if not line:
-                delivered += 1
-                continue
-            if self._post(line) == "retry":
+        pos = 0
+        while pos + _HEADER.size <= len(data):
+            magic, kind, length = _HEADER.unpack_from(data, pos)
+            end = pos + _HEADER.size + length
+            if magic != b"GL" or kind >= len(_KINDS) or end > len(data):
+                pos = len(data)  # torn or foreign tail (a crash mid-write): nothing more
                 break
-            delivered += 1
+            if self._post(data[pos + _HEADER.size:end], _KINDS[kind]) == "retry":
+                break
+            pos = end
         try:
-            if delivered == len(lines):
+            if pos >= len(data):
                 os.remove(self.spill_path)
                 return True
-            if delivered:
+            if pos:
                 tmp = self.spill_path + ".tmp"
                 with open(tmp, "wb") as f:
-                    f.writelines(lines[delivered:])
+                    f.write(data[pos:])
                 os.replace(tmp, self.spill_path)
         except OSError as exc:
             self.stats.last_error = f"rewriting spill file: {exc}"
@@ -125,13 +132,14 @@ class Transport:
             self._conn = None
 
     # -- internals ----------------------------------------------------------
-    def _post(self, body: bytes) -> str:
+    def _post(self, body: bytes, content_type: str = JSON) -> str:
         """'ok', 'rejected' (dropped for good) or 'retry' (collector not taking it now)."""
         try:
             if self._conn is None:
                 cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
                 self._conn = cls(self._host, self._port, timeout=self.timeout_s)
-            self._conn.request("POST", self._path, body=body, headers=self._headers)
+            self._conn.request("POST", self._path, body=body,
+                               headers={**self._headers, "Content-Type": content_type})
             resp = self._conn.getresponse()
             payload = resp.read()
             status = resp.status
@@ -158,16 +166,16 @@ class Transport:
         self._backoff = min(self.backoff_max_s, max(0.25, self._backoff * 2))
         self._next_try = time.monotonic() + self._backoff * random.uniform(0.8, 1.2)
 
-    def _spill(self, body: bytes, rows: int) -> int:
+    def _spill(self, body: bytes, rows: int, content_type: str = JSON) -> int:
         if not self.spill_path:
             self.stats.dropped_batches += 1
             return rows
         try:
             size = os.path.getsize(self.spill_path) if os.path.exists(self.spill_path) else 0
-            if size + len(body) > self.max_spill_bytes:
+            if size + len(body) + _HEADER.size > self.max_spill_bytes:
                 raise OSError(f"spill file would exceed {self.max_spill_bytes} bytes")
             with open(self.spill_path, "ab") as f:
-                f.write(body + b"\n")
+                f.write(_HEADER.pack(b"GL", _KINDS.index(content_type), len(body)) + body)
             self.stats.spilled_batches += 1
             return 0
         except OSError as exc:

@@ -1,4 +1,4 @@
-"""The single writer thread: a queue of validated batches, group commits, summaries.
+"""The single writer thread: a queue of validated batches and group commits; a summariser.
 
 DuckDB serialises writers anyway; funnelling every write through one thread lets us commit
 many HTTP pushes in one transaction (group commit) and acknowledge each push only after its
@@ -72,11 +72,11 @@ class Writer:
         self.stats = WriterStats()
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="goodlens-writer", daemon=True)
-        self._last_summary = 0.0
-        self._dirty = store.has_dirty()
+        self._summarizer = _Summarizer(store, self.stats, summarize_interval_s)
 
     def start(self) -> Writer:
-        """Start the writer thread; returns self."""
+        """Start the writer and summariser threads; returns self."""
+        self._summarizer.start()
         self._thread.start()
         return self
 
@@ -105,10 +105,11 @@ class Writer:
             raise TimeoutError("writer did not catch up in time")
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Write what is queued, summarise, and stop the thread."""
+        """Write what is queued, summarise, and stop the threads."""
         if self._thread.is_alive():
             self._q.put((_STOP, None, 0))
             self._thread.join(timeout)
+        self._summarizer.stop(timeout)
 
     @property
     def queue_rows(self) -> int:
@@ -118,12 +119,7 @@ class Writer:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            timeout = self.summarize_interval_s if self._dirty else None
-            try:
-                first = self._q.get(timeout=timeout)
-            except queue.Empty:
-                self._summarize()
-                continue
+            first = self._q.get()
             items, syncs, rows = [], [], 0
             item = first
             while True:
@@ -143,22 +139,18 @@ class Writer:
                     break
             if items:
                 self._write(items)
-            due = time.monotonic() - self._last_summary >= self.summarize_interval_s
-            if syncs or stopping or (self._dirty and due):
-                self._summarize()
-            for ev in syncs:
-                ev.set()
+            for ev in syncs:  # everything before the marker is committed: summarise it
+                self._summarizer.request(ev)
         # drain anything submitted after the stop marker
         rest = []
         while not self._q.empty():
             item = self._q.get_nowait()
             if item[0] is _SYNC:
-                item[1].set()
+                self._summarizer.request(item[1])
             elif item[0] is not _STOP:
                 rest.append(item)
         if rest:
             self._write(rest)
-            self._summarize()
 
     def _write(self, items: list) -> None:
         t0 = time.perf_counter()
@@ -194,20 +186,75 @@ class Writer:
                     st.events_inserted += res.events_inserted
                     st.events_duplicate += res.events_duplicate
                     if res.steps_inserted:
-                        self._dirty = True
+                        self._summarizer.poke()
         for (_, fut, _), res in zip(items, results):
             if isinstance(res, BaseException):
                 fut.set_exception(res)
             else:
                 fut.set_result(res)
 
-    def _summarize(self) -> None:
+
+
+class _Summarizer:
+    """Re-summarises dirty step ranges on its own thread and DuckDB cursor, so the writer
+    keeps inserting meanwhile (DuckDB's MVCC: it deletes only the dirty rows it read)."""
+
+    def __init__(self, store: Store, stats: WriterStats, interval_s: float) -> None:
+        self.store = store
+        self.stats = stats
+        self.interval_s = interval_s
+        self._wake = threading.Event()
+        self._stop = False
+        self._waiting: list[threading.Event] = []
+        self._lock = threading.Lock()
+        self._dirty = store.has_dirty()
+        self._thread = threading.Thread(target=self._run, name="goodlens-summarizer",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        """New rows were committed: summarise within the interval."""
+        self._dirty = True
+
+    def request(self, done: threading.Event) -> None:
+        """Summarise everything committed so far now, then set ``done``."""
+        with self._lock:
+            self._waiting.append(done)
+        self._wake.set()
+
+    def stop(self, timeout: float | None) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        con = self.store.cursor()
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            with self._lock:
+                waiting, self._waiting = self._waiting, []
+            stopping = self._stop
+            if self._dirty or waiting or stopping:
+                self._dirty = False
+                self._summarize(con)
+            for ev in waiting:
+                ev.set()
+            if stopping:
+                con.close()
+                return
+
+    def _summarize(self, con: object) -> None:
         t0 = time.perf_counter()
-        try:
-            self.store.summarize_dirty()
-            self._dirty = False
-        except Exception:
-            log.exception("summarising dirty steps failed")
-        self._last_summary = time.monotonic()
+        for attempt in range(3):
+            try:
+                self.store.summarize_dirty(con)
+                break
+            except Exception:
+                if attempt == 2:
+                    log.exception("summarising dirty steps failed")
+                    self._dirty = True
         with self.stats.lock:
             self.stats.summaries_seconds_sum += time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """One fake training rank for the end-to-end tests: steps with a sleep, events, then close.
 
-Usage: python tests/rank_worker.py URL RUN_ID RANK STEPS [--resend]
+Usage: python tests/rank_worker.py URL RUN_ID RANK STEPS [--resend] [--json]
 Prints the exporter's stats as JSON on the last line.
 """
 
@@ -22,11 +22,13 @@ def main() -> None:
     if "--resend" in sys.argv:  # deliver every batch twice, as a confused network might
         post = Transport._post
 
-        def twice(self, body):
-            first = post(self, body)
-            return post(self, body) if first == "ok" else first
+        def twice(self, body, *args):
+            first = post(self, body, *args)
+            return post(self, body, *args) if first == "ok" else first
         Transport._post = twice
+    wire = "json" if "--json" in sys.argv else "arrow"
     exp = RankExporter(run_id=run_id, url=url, rank=rank, world_size=16, host=f"n{rank // 4}",
+                       wire=wire,
                        flush_interval_s=0.1, batch_rows=40, heartbeat_interval_s=0.5,
                        timeout_s=2.0)
     exp.event("attempt_start", world_size=16)

@@ -120,3 +120,15 @@ def test_graceful_stop_keeps_everything_and_file_reopens(tmp_path):
         assert s.row_counts()["step_summaries"] == 50  # summarised on the way out
     finally:
         s.close()
+
+
+def test_arrow_pushes_are_stored_like_json_ones(collector):
+    from collector.ingest_arrow import CONTENT_TYPE, encode_arrow_batch
+    body = encode_arrow_batch(step_batch("a", 0, [0, 1, 2]))
+    status, reply = push(collector, body, {"Content-Type": CONTENT_TYPE})
+    assert status == 200 and reply["steps_inserted"] == 3
+    status, reply = push(collector, b"garbage", {"Content-Type": CONTENT_TYPE})
+    assert status == 400 and "Arrow IPC" in reply["error"]
+    assert push(collector, step_batch("a", 1, [0, 1, 2]))[0] == 200  # JSON beside it
+    collector.sync()
+    assert stored_steps(collector) == 3  # 3 steps, each with 2 ranks

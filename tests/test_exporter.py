@@ -132,12 +132,13 @@ def test_step_time_unchanged_while_collector_down_then_everything_delivered(tmp_
 @pytest.mark.slow
 def test_sixteen_ranks_exactly_once_through_a_collector_crash(tmp_path):
     """16 exporter processes; the collector is SIGKILLed and restarted mid-run; half the
-    ranks send every batch twice. Every step row and event must be stored exactly once."""
+    ranks send every batch twice; a quarter speak JSON, the rest Arrow. Every step row and
+    event must be stored exactly once."""
     steps = 400
     c = Collector(tmp_path / "crash.duckdb").start()
     workers = [subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "rank_worker.py"), c.url, "crash", str(r),
-         str(steps), *(["--resend"] if r % 2 else [])],
+         str(steps), *(["--resend"] if r % 2 else []), *(["--json"] if r % 4 == 3 else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(16)]
     try:
         time.sleep(1.0)
@@ -150,7 +151,8 @@ def test_sixteen_ranks_exactly_once_through_a_collector_crash(tmp_path):
             if w.poll() is None:
                 w.kill()
     stats = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
-    assert all(s["ok"] and s["dropped_rows"] == 0 for s in stats), stats
+    assert all(s["ok"] and s["dropped_rows"] == 0 and s["rejected_batches"] == 0
+               for s in stats), stats
     assert sum(s["spilled_batches"] for s in stats) > 0  # the crash was felt
     c.sync()
     c.stop()
@@ -194,3 +196,20 @@ def test_both_step_scopes_record_the_same_rows(impl):
     after = time.perf_counter()
     assert [(i, s) for i, s, _, _ in buf] == [(0, 5), (1, 6), (2, 7)]
     assert all(before <= t0 <= t1 <= after for _, _, t0, t1 in buf)  # perf_counter's clock
+
+
+def test_spill_file_survives_a_torn_record_and_mixed_formats(tmp_path):
+    from collector.transport import ARROW, JSON, Transport
+    spill = tmp_path / "s.bin"
+    t = Transport("http://127.0.0.1:9", spill_path=str(spill), timeout_s=0.2)
+    assert t.deliver(b'{"a": 1}', 1, JSON) == 0  # collector down: spilled
+    t._next_try = 0
+    assert t.deliver(b"\x00arrow\nbytes\n", 1, ARROW) == 0
+    with open(spill, "ab") as f:
+        f.write(b"GL\x00\x00\x00\x10{\"torn")  # a crash mid-write: header says 16 bytes
+    sent = []
+    t._post = lambda body, ctype: sent.append((body, ctype)) or "ok"
+    t._next_try = 0
+    assert t.drain_spill()
+    assert sent == [(b'{"a": 1}', JSON), (b"\x00arrow\nbytes\n", ARROW)]
+    assert not spill.exists()

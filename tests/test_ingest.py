@@ -73,3 +73,66 @@ def test_schema_version_message_says_what_to_upgrade():
     doc = step_batch("r", 0, [1])
     doc["schema_version"] = 2
     assert "upgrade the collector" in refuse(doc, "schema_version").message
+
+
+# ---------------------------------------------------------------- Arrow IPC wire batches
+def arrow_body(columns: dict | None = None, meta: dict | None = None) -> bytes:
+    import pyarrow as pa
+
+    from collector.ingest_arrow import META_KEY
+    table = pa.table(columns if columns is not None else {
+        "attempt": [0, 0], "rank": [1, 1], "step": [5, 6], "start_time": [1.0, 2.0],
+        "duration_s": [1.0, 1.0]})
+    table = table.replace_schema_metadata(
+        {META_KEY: orjson.dumps(meta if meta is not None else {"schema_version": 1,
+                                                               "run_id": "r"})})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_arrow_and_json_batches_decode_to_the_same_tables():
+    from collector.ingest_arrow import decode_arrow_batch, encode_arrow_batch
+    doc = step_batch("r", 3, list(range(50)))
+    doc["events"] = {"source": "s", "seq": [0, 1], "kind": ["heartbeat", "init_start"],
+                     "time": [1.0, 2.0], "attempt": 0}
+    doc["run"] = {"world_size": 8}
+    a = decode_arrow_batch(encode_arrow_batch(doc))
+    j = decode_batch(orjson.dumps(doc))
+    assert a.steps.equals(j.steps) and a.events.equals(j.events) and a.run == j.run
+
+
+@pytest.mark.parametrize("body, field, status", [
+    (b"not arrow at all", None, 400),
+    (arrow_body(meta={"run_id": "r"}), "schema_version", 422),
+    (arrow_body({"attempt": [0], "rank": [1], "step": [5], "start_time": [1.0],
+                 "duration_s": [1.0], "durration": [2.0]}), "steps.durration", 422),
+    (arrow_body({"attempt": [0], "rank": ["one"], "step": [5], "start_time": [1.0],
+                 "duration_s": [1.0]}), "steps.rank", 422),
+    (arrow_body({"attempt": [0], "rank": [1], "step": [5], "start_time": [1.0],
+                 "duration_s": [-1.0]}), "steps.duration_s", 422),
+    (arrow_body({"attempt": [0], "rank": [1], "step": [5], "start_time": [float("nan")],
+                 "duration_s": [1.0]}), "steps.start_time", 422),
+    (arrow_body({"attempt": [0], "rank": [None], "step": [5], "start_time": [1.0],
+                 "duration_s": [1.0]}), "steps.rank", 422),
+    (arrow_body({"attempt": [0], "rank": [1], "start_time": [1.0], "duration_s": [1.0]}),
+     "steps.step", 422),
+])
+def test_malformed_arrow_batches_name_the_field(body, field, status):
+    from collector.ingest_arrow import decode_arrow_batch
+    with pytest.raises(BatchError) as info:
+        decode_arrow_batch(body)
+    assert (info.value.field, info.value.status) == (field, status), info.value.message
+
+
+def test_arrow_metadata_must_be_present():
+    import pyarrow as pa
+
+    from collector.ingest_arrow import decode_arrow_batch
+    sink = pa.BufferOutputStream()
+    t = pa.table({"step": [1]})
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    with pytest.raises(BatchError, match="metadata"):
+        decode_arrow_batch(sink.getvalue().to_pybytes())
