@@ -78,6 +78,8 @@ class ServerConfig:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
+        if self.summarize_interval_s <= 0:
+            raise ValueError("the summarize interval must be positive")
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} exposes ingest beyond this machine; "
                              "pass --token (or GOODLENS_TOKEN) so only your exporters can push")

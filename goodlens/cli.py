@@ -118,6 +118,8 @@ def main() -> None:
               help="Largest accepted push.")
 @click.option("--max-queue-rows", type=int, default=4_000_000, show_default=True,
               help="Rows the write queue holds before pushes get 503 (exporters back off).")
+@click.option("--summarize-every", type=Duration(), default="1s", show_default=True,
+              help="How often per-step summaries catch up with new rows (e.g. 500ms, 2s).")
 @click.option("--memory-limit", default="2GB", show_default=True,
               help="DuckDB memory limit for the store (its cache otherwise grows with the data).")
 @click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
@@ -126,8 +128,8 @@ def main() -> None:
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(db: str, host: str, port: int, token: str | None, max_body: int,
-          max_queue_rows: int, memory_limit: str, loads: tuple[str, ...],
-          log_level: str) -> None:
+          max_queue_rows: int, summarize_every: float, memory_limit: str,
+          loads: tuple[str, ...], log_level: str) -> None:
     """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz.
 
     One process owns the DuckDB file (DuckDB lets no other process open it meanwhile);
@@ -139,7 +141,7 @@ def serve(db: str, host: str, port: int, token: str | None, max_body: int,
     try:
         config = ServerConfig(db=db, host=host, port=port, token=token,
                               max_body_bytes=max_body, max_queue_rows=max_queue_rows,
-                              memory_limit=memory_limit)
+                              memory_limit=memory_limit, summarize_interval_s=summarize_every)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     Path(db).parent.mkdir(parents=True, exist_ok=True)

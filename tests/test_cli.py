@@ -73,6 +73,10 @@ def test_errors_tell_the_user_what_to_do(tmp_path):
     assert "no run 'nope'" in r.output
     r = run("serve", "--db", str(db), "--max-body", "lots", ok=False)
     assert "not a size" in r.output
+    r = run("serve", "--db", str(db), "--summarize-every", "soon", ok=False)
+    assert r.exit_code == 2 and "90s, 5m, 24h" in r.output
+    r = run("serve", "--db", str(db), "--summarize-every", "0s", ok=False)
+    assert "summarize interval must be positive" in r.output
 
 
 def test_runs_over_http(collector):
