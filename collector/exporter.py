@@ -81,7 +81,7 @@ class ExporterConfig:
     max_spill_bytes: int = 1 << 30
     """Largest spill file; beyond it batches are dropped and counted."""
     heartbeat_interval_s: float = 10.0
-    """How often a heartbeat event proves the process alive (0 disables)."""
+    """After this long without a step, a heartbeat event proves the process alive (0: never)."""
     timeout_s: float = 5.0
     """HTTP timeout of one push."""
     wire: str = "arrow"
@@ -379,8 +379,13 @@ class RankExporter:
         while not self._stop.wait(interval):
             try:
                 self._offset = time.time() - _perf()
+                # steps prove the process alive: a heartbeat only when none came for a while
+                # (a hang, a long checkpoint, eval), so 16k idle-free ranks send none
+                # (the step deque holds what was recorded since the last tick's drain)
                 hb = self.config.heartbeat_interval_s
-                if hb and time.monotonic() - self._last_heartbeat >= hb:
+                if self._steps:
+                    self._last_heartbeat = time.monotonic()
+                elif hb and time.monotonic() - self._last_heartbeat >= hb:
                     self._last_heartbeat = time.monotonic()
                     self.event("heartbeat", step=self.last_step)
                 self._send_all()

@@ -52,6 +52,11 @@ import pandas as pd
 
 BUCKETS = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart", "other")
 RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattributed")
+#: Event kinds accounting reads (heartbeats, the most numerous, are not among them).
+ACCOUNTING_KINDS = ("attempt_start", "attempt_end", "failure_detected", "preempted",
+                    "ckpt_save_start", "ckpt_save_blocking_end", "ckpt_save_durable_end",
+                    "ckpt_restore_start", "ckpt_restore_end", "custom_begin", "custom_end",
+                    "world_resized")
 _STEP_COLS = ["attempt", "step", "ref_start", "step_start", "duration_median",
               "compute_median", "compute_max", "compute_ranks", "ranks"]
 
@@ -225,8 +230,7 @@ def account_run(source: RunSource, run_id: str, now: float | None = None) -> Acc
         tags = json.loads(tags) if isinstance(tags, str) else (tags or {})
     except ValueError:
         tags = {}
-    ev = source.events(run_id)
-    ev = ev[ev.kind != "heartbeat"]
+    ev = source.events(run_id, kinds=list(ACCOUNTING_KINDS))
     return account(run_id, source.attempts(run_id), source.step_summaries(run_id), ev,
                    world_size=_int(info.get("world_size")),
                    gpus_per_rank=_int(info.get("gpus_per_rank")) or 1,
@@ -312,51 +316,62 @@ class _Builder:
         self.any_measured = False
         self.max_world = 0
         self.blocking = _union(self._pairs("ckpt_save_start",
-                                           ("ckpt_save_blocking_end", "ckpt_save_durable_end"),
-                                           by=("step", "tier")))
-        self.restores = _union(self._pairs("ckpt_restore_start", ("ckpt_restore_end",),
-                                           by=("step",)))
+                                           ("ckpt_save_blocking_end", "ckpt_save_durable_end")))
+        self.restores = _union(self._pairs("ckpt_restore_start", ("ckpt_restore_end",)))
         self.custom: dict[str, np.ndarray] = {}
         for label, ivs in self._custom().items():
             self.custom[label] = _subtract(_union(ivs), self.blocking)
 
     # -- events to intervals -------------------------------------------------
-    def _pairs(self, start_kind: str, end_kinds: tuple[str, ...],
-               by: tuple[str, ...]) -> list[tuple[float, float]]:
+    def _pairs(self, start_kind: str, end_kinds: tuple[str, ...]) -> list[tuple[float, float]]:
+        """Each start paired with the first end after it from the same emitter and attempt,
+        matching ``step`` and ``tier`` when both carry them (strictest match first; the
+        first end kind preferred); an unmatched start lasts until its attempt ends.
+        Vectorised: every rank of a 16k-rank job may emit its own checkpoint events."""
         ev = self.ev
         if not len(ev):
             return []
-        starts = ev[ev.kind == start_kind]
-        ends = ev[ev.kind.isin(end_kinds)]
-        out = []
-        for _, s in starts.iterrows():
-            cand = ends[(ends.time >= s.time) & (ends.attempt == s.attempt)]
-            for col in by:
-                if not _isnull(s[col]):
-                    cand = cand[cand[col].isna() | (cand[col] == s[col])]
-            if len(cand):
-                prefer = cand[cand.kind == end_kinds[0]]
-                out.append((float(s.time), float((prefer if len(prefer) else cand).time.iloc[0])))
-            else:
-                out.append((float(s.time), math.inf))  # never ended: clipped to its attempt
-        return out
+        cols = ["time", "source", "attempt", "step", "tier"]
+        ev = ev[cols].assign(step=ev.step.fillna(-1).astype("int64"),
+                             tier=ev.tier.fillna("").astype(str))
+        starts = ev[self.ev.kind.to_numpy() == start_kind].sort_values("time")
+        if not len(starts):
+            return []
+        starts = starts.reset_index(drop=True).assign(end=np.inf)
+        keysets = (["source", "attempt", "step", "tier"], ["source", "attempt", "tier"],
+                   ["source", "attempt"])
+        for kind in end_kinds:  # preferred end kind first; later kinds fill what is left
+            ends = ev[self.ev.kind.to_numpy() == kind]
+            if not len(ends):
+                continue
+            for by in keysets:
+                todo = np.isinf(starts.end.to_numpy())
+                if not todo.any():
+                    break
+                right = ends[["time", *by]].rename(columns={"time": "t_end"})
+                m = pd.merge_asof(starts.loc[todo, ["time", *by]], right.sort_values("t_end"),
+                                  left_on="time", right_on="t_end", by=by,
+                                  direction="forward")
+                found = m.t_end.notna().to_numpy()
+                idx = starts.index[todo][found]
+                starts.loc[idx, "end"] = m.t_end.to_numpy()[found]
+        return list(zip(starts.time.astype(float), starts.end.astype(float)))
 
     def _custom(self) -> dict[str, list[tuple[float, float]]]:
         ev = self.ev
-        out: dict[str, list[tuple[float, float]]] = {}
-        if not len(ev):
-            return out
-        open_: dict[tuple, float] = {}
-        for _, e in ev[ev.kind.isin(["custom_begin", "custom_end"])].iterrows():
-            label = e.label if isinstance(e.label, str) and e.label else "custom"
-            key = (e.source, label)
-            if e.kind == "custom_begin":
-                open_.setdefault(key, float(e.time))
-            elif key in open_:
-                out.setdefault(label, []).append((open_.pop(key), float(e.time)))
-        for (_, label), t in open_.items():
-            out.setdefault(label, []).append((t, math.inf))
-        return out
+        if not len(ev) or not ev.kind.isin(["custom_begin", "custom_end"]).any():
+            return {}
+        labelled = ev.assign(label=ev.label.where(ev.label.notna() & (ev.label != ""),
+                                                  "custom"))
+        saved, self.ev = self.ev, labelled
+        try:
+            pairs = {}
+            for label in labelled[labelled.kind == "custom_begin"].label.unique():
+                self.ev = labelled[labelled.label == label]
+                pairs[str(label)] = self._pairs("custom_begin", ("custom_end",))
+            return pairs
+        finally:
+            self.ev = saved
 
     def _key(self, name: str) -> int:
         if name not in self.key_ix:

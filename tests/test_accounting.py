@@ -391,3 +391,29 @@ def test_buckets_are_nonnegative_and_sum_to_wall_clock_in_every_window(tmp_path_
         assert not math.isnan(whole.goodput)
     finally:
         s.close()
+
+
+def test_every_rank_emitting_its_own_checkpoint_events_counts_each_save_once(store):
+    run = Run(store, ranks=2)
+    run.event("attempt_start", T0, 0)
+    starts = []
+    t = T0
+    for _ in range(50):  # 50 steps, a 2 s save after each
+        starts.append(t)
+        t += 3.0
+    run.steps(0, 0, starts)
+    ranks = 200
+    seqs = list(range(100))
+    for r in range(ranks):  # each rank's own save_start / blocking_end, 10 ms apart
+        kinds, times = [], []
+        for k in range(50):
+            kinds += ["ckpt_save_start", "ckpt_save_blocking_end"]
+            times += [T0 + 3 * k + 1.0 + 0.00005 * r, T0 + 3 * k + 3.0 - 0.00005 * r]
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": "r",
+            "events": {"source": f"rank{r}", "seq": seqs, "kind": kinds, "time": times,
+                       "attempt": 0, "step": [k for k in range(50) for _ in (0, 1)]}})])
+    run.event("attempt_end", t, 0, cause="completed")
+    b = run.account().breakdown()  # 20,000 events, paired with vectorised as-of joins
+    check_invariants(b)
+    assert b.buckets["checkpoint_stall"] == pytest.approx(50 * 2.0, abs=1e-6)

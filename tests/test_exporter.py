@@ -213,3 +213,27 @@ def test_spill_file_survives_a_torn_record_and_mixed_formats(tmp_path):
     assert t.drain_spill()
     assert sent == [(b'{"a": 1}', JSON), (b"\x00arrow\nbytes\n", ARROW)]
     assert not spill.exists()
+
+
+def test_heartbeats_only_while_no_steps_arrive(collector):
+    exp = RankExporter(run_id="hb", url=collector.url, flush_interval_s=0.05,
+                       heartbeat_interval_s=0.2)
+    end = time.monotonic() + 1.0
+    n = 0
+    while time.monotonic() < end:  # stepping: steps prove liveness, no heartbeat needed
+        with exp.step(n):
+            time.sleep(0.01)
+        n += 1
+    idle_from = time.time()
+    time.sleep(1.0)  # idle (a hang, a long save): heartbeats carry the last step
+    exp.close()
+    collector.stop()
+    st = Store(collector.db, read_only=True)
+    try:
+        hb = st.events("hb", kinds=["heartbeat"])
+        steps = st.steps("hb")
+    finally:
+        st.close()
+    assert len(steps) == n
+    assert 2 <= len(hb) <= 6  # about one per 0.2 s of the idle second
+    assert (hb.time >= idle_from).all() and (hb.step == n - 1).all()
