@@ -285,6 +285,28 @@ def batch_columns(w: Workload, client: int, k: int) -> dict[str, Any]:
             "collective_wait_s": coll, "data_wait_s": data}
 
 
+def workload_arguments(ap: Any, rows: int) -> None:
+    """The workload and temp-folder options shared by the ingest benchmarks."""
+    ap.add_argument("--rows", type=int, default=rows, help="step rows to push in total")
+    ap.add_argument("--clients", type=int, default=2, help="pushing processes")
+    ap.add_argument("--connections", type=int, default=8,
+                    help="concurrent connections per process (each its own exporter)")
+    ap.add_argument("--ranks", type=int, default=1000, help="ranks per batch")
+    ap.add_argument("--steps", type=int, default=10, help="steps per rank per batch")
+    ap.add_argument("--tmp", default=None, help="folder for the temporary databases")
+    ap.add_argument("--keep", action="store_true", help="keep the databases and server log")
+
+
+def workload_from(ap: Any, args: Any) -> Workload:
+    """The Workload the parsed options describe (refusing one with fewer batches than
+    clients)."""
+    w = Workload(rows=args.rows, ranks=args.ranks, steps=args.steps, clients=args.clients,
+                 connections=args.connections)
+    if w.batches < w.clients:
+        ap.error("fewer batches than clients: raise --rows or lower --clients")
+    return w
+
+
 def encode_wire(cols: dict[str, Any], run_id: str = RUN_ID, wire: str = "json") -> bytes:
     """A wire batch (JSON, or Arrow IPC) with every column as a list."""
     doc = {"schema_version": 1, "run_id": run_id, "steps": cols,

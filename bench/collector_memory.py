@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import (
     Collector,
     RssSampler,
-    Workload,
     arrow_insert_baseline_process,
     checkpointed_bytes,
     markdown_section,
@@ -33,6 +32,8 @@ from bench._common import (
     stored_rows,
     table,
     workdir,
+    workload_arguments,
+    workload_from,
 )
 
 MIB = 2**20
@@ -40,20 +41,10 @@ MIB = 2**20
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=10_000_000, help="step rows to push in total")
-    ap.add_argument("--clients", type=int, default=2, help="pushing processes")
-    ap.add_argument("--connections", type=int, default=8,
-                    help="concurrent connections per process (each its own exporter)")
-    ap.add_argument("--ranks", type=int, default=1000, help="ranks per batch")
-    ap.add_argument("--steps", type=int, default=10, help="steps per rank per batch")
+    workload_arguments(ap, rows=10_000_000)
     ap.add_argument("--interval", type=float, default=0.5, help="RSS sampling period (s)")
-    ap.add_argument("--tmp", default=None, help="folder for the temporary databases")
-    ap.add_argument("--keep", action="store_true", help="keep the databases and server log")
     args = ap.parse_args()
-    w = Workload(rows=args.rows, ranks=args.ranks, steps=args.steps, clients=args.clients,
-                 connections=args.connections)
-    if w.batches < w.clients:
-        ap.error("fewer batches than clients: raise --rows or lower --clients")
+    w = workload_from(ap, args)
     print(f"workload: {w.describe()}", flush=True)
 
     with workdir(args.keep, args.tmp) as tmp:

@@ -15,6 +15,7 @@ Target: >= 1,000,000 rows/s end to end.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -24,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import (
     Collector,
     CpuMeter,
-    Workload,
     arrow_insert_baseline,
     markdown_section,
     push,
@@ -32,6 +32,8 @@ from bench._common import (
     stored_rows,
     table,
     workdir,
+    workload_arguments,
+    workload_from,
 )
 
 TARGET = 1_000_000
@@ -39,22 +41,11 @@ TARGET = 1_000_000
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=5_000_000, help="step rows to push in total")
-    ap.add_argument("--clients", type=int, default=2, help="pushing processes")
-    ap.add_argument("--connections", type=int, default=8,
-                    help="concurrent connections per process (each its own exporter)")
-    ap.add_argument("--ranks", type=int, default=1000, help="ranks per batch")
-    ap.add_argument("--steps", type=int, default=10, help="steps per rank per batch")
+    workload_arguments(ap, rows=5_000_000)
     ap.add_argument("--wire", nargs="+", default=["json", "arrow"], choices=["json", "arrow"],
                     help="wire formats to measure, each against a fresh collector")
-    ap.add_argument("--tmp", default=None, help="folder for the temporary databases")
-    ap.add_argument("--keep", action="store_true", help="keep the databases and server log")
     args = ap.parse_args()
-    import dataclasses
-    base_w = Workload(rows=args.rows, ranks=args.ranks, steps=args.steps, clients=args.clients,
-                      connections=args.connections)
-    if base_w.batches < base_w.clients:
-        ap.error("fewer batches than clients: raise --rows or lower --clients")
+    base_w = workload_from(ap, args)
     print(f"workload: {base_w.describe()}", flush=True)
     results = {}
     with workdir(args.keep, args.tmp) as tmp:
