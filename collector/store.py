@@ -44,6 +44,8 @@ _STEP_NAMES = [c.name for c in STEP_COLUMNS]
 _EVENT_NAMES = [c.name for c in EVENT_COLUMNS]
 _RUN_NAMES = [c.name for c in RUN_COLUMNS]
 _TERMINAL = "('attempt_end', 'failure_detected', 'preempted')"
+#: Raw rows summarised per statement (bounds the memory the medians need).
+SUMMARY_CHUNK_ROWS = 4_000_000
 
 
 def _ddl_columns(columns: tuple) -> str:
@@ -275,12 +277,13 @@ class Store:
                 g.step_marks[(run_id, int(a))] = marks = grown
             if fast and np.any(s <= marks[r]):
                 fast = False
-            if fast:  # no (rank, step) twice in the batch: steps strictly increase per rank
-                order = np.lexsort((s, r))
-                rs, ss = r[order], s[order]
-                if np.any((rs[1:] == rs[:-1]) & (ss[1:] <= ss[:-1])):
-                    fast = False
-            updates.append((marks, r, s, int(a), int(s.min()), int(s.max())))
+            order = np.lexsort((s, r))
+            rs, ss = r[order], s[order]
+            same = rs[1:] == rs[:-1]
+            if fast and np.any(same & (ss[1:] <= ss[:-1])):
+                fast = False  # a (rank, step) twice in the batch
+            last = np.flatnonzero(np.r_[~same, True])  # each rank's largest step
+            updates.append((marks, rs[last], ss[last], int(a), int(s.min()), int(s.max())))
         if fast:
             g.add_steps(run_id, t)
             inserted = t.num_rows
@@ -299,7 +302,7 @@ class Store:
             finally:
                 con.unregister("_steps")
         for marks, r, s, a, lo, hi in updates:
-            np.maximum.at(marks, r, s)
+            marks[r] = np.maximum(marks[r], s)  # r is unique here
             if inserted:
                 d = g.dirty.get((run_id, a))
                 g.dirty[(run_id, a)] = (min(lo, d[0]), max(hi, d[1])) if d else (lo, hi)
@@ -359,11 +362,18 @@ class Store:
             ranges = con.execute("SELECT run_id, attempt, min(lo), max(hi) FROM dirty "
                                  "GROUP BY run_id, attempt").fetchall()
             for run_id, attempt, lo, hi in ranges:
-                params = [run_id, attempt, lo, hi]
-                con.execute("DELETE FROM step_summaries WHERE run_id = ? AND attempt = ? "
-                            "AND step BETWEEN ? AND ?", params)
-                total += con.execute("INSERT INTO step_summaries " + _SUMMARY_SELECT,
-                                     params).fetchall()[0][0]
+                # medians need every value of a step in memory: summarise a long range (an
+                # import, a backlog after an outage) a few million rows at a time
+                per_step = max(1, *(con.execute(
+                    "SELECT count(*) FROM steps WHERE run_id = ? AND attempt = ? AND step = ?",
+                    [run_id, attempt, s]).fetchall()[0][0] for s in (lo, hi)))
+                chunk = max(1, SUMMARY_CHUNK_ROWS // per_step)
+                for first in range(lo, hi + 1, chunk):
+                    params = [run_id, attempt, first, min(hi, first + chunk - 1)]
+                    con.execute("DELETE FROM step_summaries WHERE run_id = ? AND attempt = ? "
+                                "AND step BETWEEN ? AND ?", params)
+                    total += con.execute("INSERT INTO step_summaries " + _SUMMARY_SELECT,
+                                         params).fetchall()[0][0]
             con.execute("DELETE FROM dirty")
             con.execute("COMMIT")
         except BaseException:

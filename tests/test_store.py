@@ -193,3 +193,12 @@ def test_schema_version_mismatch_is_refused(tmp_path):
         Store(path)
     with pytest.raises(FileNotFoundError):
         Store(tmp_path / "missing.duckdb", read_only=True)
+
+
+def test_long_dirty_ranges_are_summarised_in_chunks(store, monkeypatch):
+    import collector.store as mod
+    monkeypatch.setattr(mod, "SUMMARY_CHUNK_ROWS", 7)  # 3 ranks: 2 steps per statement
+    store.write_group([batch("r", r, list(range(11))) for r in range(3)])
+    assert store.summarize_dirty() == 11
+    df = store.step_summaries("r")
+    assert list(df.step) == list(range(11)) and (df.ranks == 3).all()
