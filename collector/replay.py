@@ -1,4 +1,5 @@
-"""Moving traces in and out of a store: import a trace folder, export a run as a trace.
+"""Moving traces in and out of a store: import a trace folder, export a run as a trace,
+stream a trace through a live collector.
 
 Import goes through the same write path as live ingest (validation, key-based
 de-duplication, summaries), so importing a trace twice adds nothing and a trace is exactly
@@ -82,3 +83,91 @@ def export_run(store: Store, run_ids: list[str], path: str | Path) -> Path:
         for name in tables:
             tables[name].append(store.table(name, run_id))
     return write_trace(path, {k: pa.concat_tables(v) for k, v in tables.items()}, run_ids)
+
+
+def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | None = None,
+                 batch_rows: int = 50_000, tick_s: float = 0.1,
+                 progress: Callable[[int], None] | None = None,
+                 sleep: Callable[[float], None] | None = None,
+                 give_up_s: float = 60.0) -> dict[str, int]:
+    """Push a trace through a collector's ingest as if it were happening, ``speed`` times
+    faster than real time (0: as fast as the collector takes it).
+
+    A step row is sent once its step has ended in trace time, an event once it happened, so
+    a collector (and a dashboard) sees the run unfold. Timestamps are kept as recorded.
+    Batches travel as Arrow IPC; the collector's answer for each is checked, and a refused
+    batch stops the replay with its reason, and so does a collector unreachable for
+    ``give_up_s``.
+    """
+    import time
+
+    import numpy as np
+
+    from collector.ingest_arrow import CONTENT_TYPE, encode_arrow_batch
+    from collector.transport import Transport
+
+    if speed < 0:
+        raise ValueError("speed must be >= 0 (0: as fast as possible)")
+    sleep = sleep or time.sleep
+    trace = read_trace(path)
+    transport = Transport(url, token, timeout_s=60.0, spill_path=None)
+    items: list[tuple[np.ndarray, Batch]] = []  # (availability times, rows) per run and table
+    for batch in trace_batches(trace):
+        if batch.steps is not None:
+            t = batch.steps
+            avail = (t.column("start_time").to_numpy() + t.column("duration_s").to_numpy())
+            items.append((avail, batch))
+        elif batch.events is not None:
+            items.append((batch.events.column("time").to_numpy(), batch))
+        else:
+            items.append((np.array([-np.inf]), batch))
+    starts = [a[np.isfinite(a)].min() for a, _ in items if np.isfinite(a).any()]
+    t0 = min(starts) if starts else 0.0
+    order = [(np.argsort(a, kind="stable"), a, b) for a, b in items]
+    cursor = [0] * len(order)
+    sent = {"steps": 0, "events": 0, "batches": 0}
+    wall0 = time.monotonic()
+    while any(c < len(o[0]) for c, o in zip(cursor, order)):
+        now = t0 + (time.monotonic() - wall0) * speed if speed else np.inf
+        for i, (idx, avail, batch) in enumerate(order):
+            c = cursor[i]
+            if c >= len(idx):
+                continue
+            end = int(np.searchsorted(avail[idx], now, side="right"))
+            while c < end:
+                take = idx[c:min(end, c + batch_rows)]
+                c += len(take)
+                doc: dict = {"schema_version": 1, "run_id": batch.run_id}
+                if batch.run:
+                    doc["run"] = {k: v for k, v in batch.run.items() if v is not None}
+                rows = 0
+                if batch.steps is not None:
+                    doc["steps"] = batch.steps.take(take).to_pydict()
+                    rows = sent_rows = len(take)
+                    sent["steps"] += sent_rows
+                if batch.events is not None:
+                    ev = batch.events.take(take).to_pydict()
+                    doc["events"] = {k: v for k, v in ev.items() if any(x is not None for x in v)}
+                    rows = len(take)
+                    sent["events"] += rows
+                body = encode_arrow_batch(doc)
+                outcome = transport._post(body, CONTENT_TYPE)
+                failing_since = time.monotonic()
+                while outcome == "retry":
+                    if time.monotonic() - failing_since > give_up_s:
+                        raise ValueError(f"gave up after {give_up_s:.0f} s: "
+                                         f"{transport.stats.last_error}")
+                    sleep(min(5.0, max(0.1, transport._backoff)))
+                    outcome = transport._post(body, CONTENT_TYPE)
+                if outcome == "rejected":
+                    raise ValueError(f"the collector refused a batch: {transport.stats.last_error}")
+                sent["batches"] += 1
+                if progress:
+                    progress(rows)
+            cursor[i] = c
+        if speed and any(c < len(o[0]) for c, o in zip(cursor, order)):
+            nxt = min(o[1][o[0][c]] for c, o in zip(cursor, order) if c < len(o[0]))
+            wait = (nxt - t0) / speed - (time.monotonic() - wall0)
+            sleep(min(max(wait, 0.0), tick_s) if wait > 0 else 0.0)
+    transport.close()
+    return sent

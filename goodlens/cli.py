@@ -356,6 +356,60 @@ def import_cmd(trace: str, db: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("trace", type=click.Path(exists=True, file_okay=False))
+@click.option("--db", type=click.Path(dir_okay=False),
+              help="Load into this store file, offline (no collector may hold it).")
+@click.option("--live", "url", help="Stream through a running collector instead, e.g. "
+                                    "http://127.0.0.1:8470.")
+@click.option("--speed", type=float, default=1.0, show_default=True,
+              help="With --live: times faster than real time (60: a minute per second; "
+                   "0: as fast as the collector takes it).")
+@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --live.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def replay(trace: str, db: str | None, url: str | None, speed: float, token: str | None,
+           as_json: bool) -> None:
+    """Replay a trace folder: offline into a store (--db), or live through a collector's
+    ingest at --speed times real time (--live), as if the run were happening.
+
+    Rows already stored are recognised and skipped, so replaying twice adds nothing.
+    """
+    if bool(db) == bool(url):
+        raise click.UsageError("give exactly one of --db PATH (offline) or --live URL")
+    if db:
+        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+        store = _open_store(db, read_only=False)
+        try:
+            totals = _import(store, trace, quiet=as_json)
+        finally:
+            store.close()
+    else:
+        from collector.replay import stream_trace
+        from goodlens.trace import TraceError, read_trace
+        if speed < 0:
+            raise click.BadParameter("must be >= 0", param_hint="--speed")
+        try:
+            t = read_trace(trace)
+        except TraceError as exc:
+            raise click.ClickException(str(exc)) from None
+        total = sum(x.num_rows for k, x in t.tables.items() if k in ("steps", "events"))
+        with click.progressbar(length=total, label=f"replaying {trace} x{speed:g}",
+                               file=sys.stderr, hidden=as_json or not sys.stderr.isatty()) as bar:
+            try:
+                totals = stream_trace(trace, url, speed=speed, token=token, progress=bar.update)
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from None
+    if as_json:
+        _echo_json(totals)
+    elif db:
+        click.echo(f"{trace} -> {db}: {totals['steps_inserted']} step rows and "
+                   f"{totals['events_inserted']} events stored ({totals['steps_duplicate']} "
+                   f"and {totals['events_duplicate']} already present)")
+    else:
+        click.echo(f"{trace} -> {url}: {totals['steps']} step rows and {totals['events']} "
+                   f"events in {totals['batches']} batches")
+
+
+@main.command()
 @click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Store file (no collector may hold it).")
 @click.option("--run", "run_ids", multiple=True, required=True, help="Run id (repeatable).")

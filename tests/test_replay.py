@@ -1,0 +1,84 @@
+"""Replaying traces: offline into a store, and live through a real collector at a speed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from collector.replay import stream_trace
+from collector.store import Store
+from goodlens.accounting import account_run
+from goodlens.cli import main
+from tests.conftest import ROOT
+
+SAMPLE = str(ROOT / "sample_data" / "demo")
+
+
+def cli(*args: str):
+    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_offline_replay_is_an_import(tmp_path):
+    db = str(tmp_path / "o.duckdb")
+    first = json.loads(cli("replay", SAMPLE, "--db", db, "--json"))
+    assert first["steps_inserted"] == 5104
+    again = json.loads(cli("replay", SAMPLE, "--db", db, "--json"))
+    assert again["steps_inserted"] == 0
+
+
+@pytest.mark.slow
+def test_live_replay_gives_the_collector_the_same_run(collector, tmp_path):
+    sent = json.loads(cli("replay", SAMPLE, "--live", collector.url, "--speed", "0", "--json"))
+    assert sent["steps"] == 5104 and sent["events"] == 25
+    collector.stop()
+    offline = Store(tmp_path / "offline.duckdb")
+    try:
+        from collector.replay import import_trace
+        import_trace(offline, SAMPLE)
+        want = account_run(offline, "demo-8x").breakdown()
+    finally:
+        offline.close()
+    live = Store(collector.db, read_only=True)
+    try:
+        got = account_run(live, "demo-8x").breakdown()
+        assert len(live.steps("demo-8x")) == 5104
+    finally:
+        live.close()
+    assert got.buckets == pytest.approx(want.buckets)
+    assert got.restart_parts == pytest.approx(want.restart_parts)
+
+
+@pytest.mark.slow
+def test_live_replay_paces_itself_by_trace_time(collector):
+    # the sample spans 966 s of trace time: at 1000x the replay takes about a second, and
+    # half-way through the collector holds only the first part of the run
+    seen = []
+
+    def sleep(dt: float) -> None:
+        time.sleep(dt)
+        seen.append(time.monotonic())
+
+    t0 = time.monotonic()
+    sent = stream_trace(SAMPLE, collector.url, speed=1000.0, sleep=sleep)
+    elapsed = time.monotonic() - t0
+    assert sent["steps"] == 5104
+    assert 0.8 <= elapsed < 30
+    assert len(seen) > 5  # it waited for trace time to pass, many times
+
+
+def test_live_replay_errors_are_clear(tmp_path):
+    r = CliRunner().invoke(main, ["replay", SAMPLE])
+    assert r.exit_code == 2 and "--db PATH (offline) or --live URL" in r.output
+    r = CliRunner().invoke(main, ["replay", SAMPLE, "--live", "http://127.0.0.1:9",
+                                  "--speed", "-1"])
+    assert r.exit_code == 2 and "--speed" in r.output
+
+
+def test_live_replay_gives_up_on_an_unreachable_collector():
+    with pytest.raises(ValueError, match="gave up after 1 s: collector unreachable"):
+        stream_trace(SAMPLE, "http://127.0.0.1:9", speed=0, give_up_s=1.0)
