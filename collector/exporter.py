@@ -227,6 +227,7 @@ class RankExporter:
         self._send_lock = threading.Lock()
         self._stop = threading.Event()
         self._meta_sent = False
+        self._last_batch_rows = 0
         self._last_heartbeat = time.monotonic()
         self._transport: Transport | None = None
         self._thread: threading.Thread | None = None
@@ -310,6 +311,9 @@ class RankExporter:
             log.warning("goodlens: ignoring event %r with fields %s (kinds: %s; fields: %s)",
                         kind, sorted(fields), sorted(EVENT_KINDS), sorted(_EVENT_FIELDS))
             return
+        for key, value in fields.items():
+            if hasattr(value, "item"):  # numpy scalars travel as plain Python values
+                fields[key] = value.item()
         fields.setdefault("rank", self.rank)
         fields.setdefault("host", self.host)
         self._events.append((next(self._seq), kind, time.time() if time_s is None else time_s,
@@ -401,7 +405,13 @@ class RankExporter:
         self._transport.drain_spill()
         ctype = ARROW if self.config.wire == "arrow" else JSON
         while self._steps or self._events or not self._meta_sent:
-            body, rows = self._next_batch(final)
+            try:
+                body, rows = self._next_batch(final)
+            except Exception:  # rows were taken off the buffer: count them
+                log.exception("goodlens: could not encode a batch; its rows are dropped")
+                self._asm.dropped += self._last_batch_rows
+                self._meta_sent = True
+                continue
             self._asm.dropped += self._transport.deliver(body, rows, ctype)
             self._meta_sent = True
 
@@ -410,6 +420,7 @@ class RankExporter:
         raw = _popleft(self._steps, cfg.batch_rows)
         marks = _popleft(self._marks, len(self._marks))
         events = _popleft(self._events, cfg.batch_rows)
+        self._last_batch_rows = len(raw) + len(events)
         steps = self._asm.assemble(raw, marks, self._offset, self.attempt)
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "run_id": cfg.run_id,
                                "exporter": {"source": self.source,

@@ -136,6 +136,10 @@ def _validate_run(obj: Any) -> dict[str, Any]:
 def _validate_exporter(obj: Any) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise BatchError("exporter must be an object", "exporter")
+    unknown = set(obj) - set(_EXPORTER_FIELDS)
+    if unknown:
+        raise BatchError(f"unknown field exporter.{sorted(unknown)[0]}; known: "
+                         f"{sorted(_EXPORTER_FIELDS)}", f"exporter.{sorted(unknown)[0]}")
     out = {}
     for key, typ in _EXPORTER_FIELDS.items():
         if key in obj:
@@ -190,6 +194,8 @@ def _column(value: Any, col: Column, n: int, name: str) -> pa.Array:
             raise BatchError(f"{name} must be {_KIND_NAMES[col.kind]} or a list of them", name)
         if col.nonnegative and value < 0:
             raise BatchError(f"{name} must not be negative (got {value})", name)
+        if col.maximum is not None and value > col.maximum:
+            raise BatchError(f"{name} must be at most {col.maximum} (got {value})", name)
         return pa.array([value], typ).take(pa.array(np.zeros(n, dtype=np.int64)))
     if col.kind == "str":
         if not all(v is None or isinstance(v, str) for v in value):
@@ -216,6 +222,8 @@ def _numeric(value: list, col: Column, name: str) -> pa.Array:
             raise BatchError(f"{name} must not be negative (got {nd.min()})", name)
         if kind == "u" and nd.size and nd.max() > np.iinfo(np.int64).max:
             raise BatchError(f"{name} has a value too large for a 64-bit integer", name)
+        if col.maximum is not None and nd.size and nd.max() > col.maximum:
+            raise BatchError(f"{name} must be at most {col.maximum} (got {nd.max()})", name)
         return pa.array(nd.astype(np.int64 if col.kind == "int" else np.float64, copy=False))
     if kind == "O":  # nulls or mixed types: check element by element
         for v in value:
@@ -225,6 +233,9 @@ def _numeric(value: list, col: Column, name: str) -> pa.Array:
         arr = pa.array(value, ARROW_TYPES[col.kind])
         if col.nonnegative and arr.null_count < len(arr) and pc.min(arr).as_py() < 0:
             raise BatchError(f"{name} must not be negative", name)
+        if col.maximum is not None and arr.null_count < len(arr) and \
+                pc.max(arr).as_py() > col.maximum:
+            raise BatchError(f"{name} must be at most {col.maximum}", name)
         return arr
     raise BatchError(f"{name} must be a list of {want.split(' ', 1)[1]}s "
                      f"(found {nd.dtype.name} values)", name)

@@ -58,7 +58,11 @@ def decode_arrow_batch(body: bytes) -> Batch:
 
 def arrow_steps(table: pa.Table) -> pa.Table:
     """Validate and normalise a steps table: model columns, order and types."""
-    unknown = [n for n in table.column_names if n not in _COLUMNS]
+    names = table.column_names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise BatchError(f"column steps.{twice[0]} appears more than once", f"steps.{twice[0]}")
+    unknown = [n for n in names if n not in _COLUMNS]
     if unknown:
         raise BatchError(f"unknown column steps.{unknown[0]}; known: {sorted(_COLUMNS)}",
                          f"steps.{unknown[0]}")
@@ -80,7 +84,10 @@ def arrow_steps(table: pa.Table) -> pa.Table:
               "str": pa.types.is_string(typ) or pa.types.is_large_string(typ)}[col.kind]
         if not ok and not pa.types.is_null(typ):
             raise BatchError(f"{name} must be {col.kind} (got Arrow type {typ})", name)
-        arr = arr.cast(ARROW_TYPES[col.kind])
+        try:
+            arr = arr.cast(ARROW_TYPES[col.kind])
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise BatchError(f"{name} does not fit a {col.kind} column: {exc}", name) from None
         if col.required and arr.null_count:
             raise BatchError(f"{name} must not contain nulls", name)
         if arr.null_count < n and n:
@@ -88,6 +95,8 @@ def arrow_steps(table: pa.Table) -> pa.Table:
                 raise BatchError(f"{name} must be finite numbers", name)
             if col.nonnegative and pc.min(arr).as_py() < 0:
                 raise BatchError(f"{name} must not be negative", name)
+            if col.maximum is not None and pc.max(arr).as_py() > col.maximum:
+                raise BatchError(f"{name} must be at most {col.maximum}", name)
         arrays.append(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr)
     return pa.Table.from_arrays(arrays, names=[c.name for c in STEP_COLUMNS])
 
@@ -108,7 +117,8 @@ def encode_arrow_batch(doc: dict[str, Any]) -> bytes:
         table = pa.table(cols)
     else:
         table = pa.table({})
-    table = table.replace_schema_metadata({META_KEY: orjson.dumps(doc)})
+    table = table.replace_schema_metadata(
+        {META_KEY: orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         if table.num_columns:

@@ -92,7 +92,7 @@ e AS (
     min(time) FILTER (WHERE kind <> 'heartbeat') AS first_ev,
     max(time) AS last_ev,
     min(time) FILTER (WHERE kind IN {_TERMINAL}) AS end_ev,
-    arg_min(CASE kind WHEN 'attempt_end' THEN coalesce(cause, 'unknown')
+    arg_min(CASE kind WHEN 'attempt_end' THEN coalesce(cause, 'ended')
                       WHEN 'failure_detected' THEN 'failed' ELSE 'preempted' END, time)
       FILTER (WHERE kind IN {_TERMINAL}) AS end_reason
   FROM events GROUP BY run_id, attempt),

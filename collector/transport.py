@@ -69,19 +69,46 @@ class Transport:
         self._next_try = 0.0
         self._conn: http.client.HTTPConnection | None = None
         self.stats = DeliveryStats()
+        self._repair_spill()
+
+    def _repair_spill(self) -> None:
+        """Cut a record torn by a crash off an existing spill file, so batches appended
+        from now on are not hidden behind it."""
+        if not self.spill_path or not os.path.exists(self.spill_path):
+            return
+        try:
+            with open(self.spill_path, "rb") as f:
+                data = f.read()
+            pos = 0
+            while pos + _HEADER.size <= len(data):
+                magic, kind, length = _HEADER.unpack_from(data, pos)
+                end = pos + _HEADER.size + length
+                if magic != b"GL" or kind >= len(_KINDS) or end > len(data):
+                    break
+                pos = end
+            if pos < len(data):
+                with open(self.spill_path, "r+b") as f:
+                    f.truncate(pos)
+                log.warning("goodlens: cut %d bytes of a torn record off %s", len(data) - pos,
+                            self.spill_path)
+        except OSError as exc:
+            self.stats.last_error = f"repairing spill file: {exc}"
 
     # -- public -------------------------------------------------------------
     def deliver(self, body: bytes, rows: int = 0, content_type: str = JSON) -> int:
         """Send one batch now, or spill it behind earlier undelivered ones.
 
-        Returns the number of rows that had to be dropped (spill full or unwritable).
+        Returns the number of rows lost: refused by the collector (4xx), or the spill file
+        full or unwritable.
         """
         if self.has_spill():
             self.drain_spill()
         if not self.has_spill() and time.monotonic() >= self._next_try:
             outcome = self._post(body, content_type)
-            if outcome != "retry":
+            if outcome == "ok":
                 return 0
+            if outcome == "rejected":  # the collector refused it for good: those rows are lost
+                return rows
         return self._spill(body, rows, content_type)
 
     def drain_spill(self) -> bool:
@@ -134,19 +161,24 @@ class Transport:
     # -- internals ----------------------------------------------------------
     def _post(self, body: bytes, content_type: str = JSON) -> str:
         """'ok', 'rejected' (dropped for good) or 'retry' (collector not taking it now)."""
-        try:
-            if self._conn is None:
-                cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-                self._conn = cls(self._host, self._port, timeout=self.timeout_s)
-            self._conn.request("POST", self._path, body=body,
-                               headers={**self._headers, "Content-Type": content_type})
-            resp = self._conn.getresponse()
-            payload = resp.read()
-            status = resp.status
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
-            self._failed(f"collector unreachable: {exc}")
-            return "retry"
+        for fresh in (self._conn is None, True):
+            try:
+                if self._conn is None:
+                    cls = (http.client.HTTPSConnection if self._https
+                           else http.client.HTTPConnection)
+                    self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+                self._conn.request("POST", self._path, body=body,
+                                   headers={**self._headers, "Content-Type": content_type})
+                resp = self._conn.getresponse()
+                payload = resp.read()
+                status = resp.status
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if fresh:  # a new connection failed too: the collector is away
+                    self._failed(f"collector unreachable: {exc}")
+                    return "retry"
+                # a kept-alive connection the server had closed: try once on a new one
         if status == 200:
             self._backoff = 0.0
             self._next_try = 0.0

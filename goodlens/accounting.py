@@ -248,13 +248,12 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
             *, world_size: int | None = None, gpus_per_rank: int = 1, spare_gpus: int = 0,
             now: float | None = None) -> Accounting:
     """Build the segments of one run from its attempts, step summaries and events."""
-    b = _Builder(run_id, events, gpus_per_rank)
     attempts = attempts.sort_values("attempt").reset_index(drop=True)
     steps = steps[_STEP_COLS].sort_values(["attempt", "step"]) if len(steps) else \
         pd.DataFrame(columns=_STEP_COLS)
     if attempts.empty:
-        return b.finish(world_size, spare_gpus, in_progress=False, spans={}, counts={},
-                        start=math.nan)
+        return _Builder(run_id, events, gpus_per_rank, {}).finish(
+            world_size, spare_gpus, in_progress=False, spans={}, counts={}, start=math.nan)
     by_attempt = {a: g for a, g in steps.groupby("attempt", sort=True)}
     firsts = {a: int(g.step.min()) for a, g in by_attempt.items()}
     last_row = attempts.iloc[-1]
@@ -264,27 +263,28 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
         run_end = max(clock, _num(last_row.get("last_activity"), clock))
     else:
         run_end = float(last_row["end"])
+    # each attempt owns the time from its start to the next attempt's start
     spans: dict[int, tuple[float, float]] = {}
-    counts: dict[int | None, dict[str, int]] = {None: {"kept": 0, "recomputed": 0,
-                                                       "incomplete": 0}}
     prev_end = None
     n = len(attempts)
-    for i, row in attempts.iterrows():
-        a = int(row["attempt"])
-        start = float(row["start"])
+    for i in range(n):
+        start = float(attempts.iloc[i]["start"])
         if prev_end is not None:
             start = max(start, prev_end)
         end = float(attempts.iloc[i + 1]["start"]) if i + 1 < n else run_end
-        end = max(end, start)
+        spans[int(attempts.iloc[i]["attempt"])] = (start, max(end, start))
+        prev_end = max(end, start)
+    b = _Builder(run_id, events, gpus_per_rank, {a: e for a, (_, e) in spans.items()})
+    counts: dict[int | None, dict[str, int]] = {None: {"kept": 0, "recomputed": 0,
+                                                       "incomplete": 0}}
+    for i, row in attempts.iterrows():
+        a = int(row["attempt"])
         later = [firsts[x] for x in attempts.attempt.iloc[i + 1:] if x in firsts]
-        rollback = min(later) if later else None
-        c = b.attempt(a, start, end, row, by_attempt.get(a), rollback,
+        c = b.attempt(a, *spans[a], row, by_attempt.get(a), min(later) if later else None,
                       last=(i + 1 == n), in_progress=in_progress)
-        spans[a] = (start, end)
         counts[a] = c
         for k in counts[None]:
             counts[None][k] += c[k]
-        prev_end = end
     return b.finish(world_size, spare_gpus, in_progress, spans, counts,
                     start=float(attempts.iloc[0]["start"]))
 
@@ -300,8 +300,10 @@ def _num(v: Any, default: float) -> float:
 class _Builder:
     """Accumulates segments attempt by attempt."""
 
-    def __init__(self, run: str, events: pd.DataFrame, gpus_per_rank: int) -> None:
+    def __init__(self, run: str, events: pd.DataFrame, gpus_per_rank: int,
+                 attempt_ends: dict[int, float]) -> None:
         self.run = run
+        self.attempt_ends = attempt_ends
         self.ev = events.sort_values("time") if len(events) else events
         self.gpr = gpus_per_rank
         self.keys: list[str] = []
@@ -355,7 +357,10 @@ class _Builder:
                 found = m.t_end.notna().to_numpy()
                 idx = starts.index[todo][found]
                 starts.loc[idx, "end"] = m.t_end.to_numpy()[found]
-        return list(zip(starts.time.astype(float), starts.end.astype(float)))
+        # a start never matched (a crash mid-save) lasts until its attempt ends, no longer
+        ends = starts.attempt.map(self.attempt_ends).astype(float).fillna(np.inf).to_numpy()
+        end = np.where(np.isinf(starts.end.to_numpy()), ends, starts.end.to_numpy())
+        return list(zip(starts.time.astype(float), end.astype(float)))
 
     def _custom(self) -> dict[str, list[tuple[float, float]]]:
         ev = self.ev
@@ -380,15 +385,19 @@ class _Builder:
         return self.key_ix[name]
 
     def _emit(self, starts: np.ndarray, lens: np.ndarray, keys: np.ndarray, attempt: int,
-              gpus: float) -> None:
+              gpus: tuple[np.ndarray, np.ndarray]) -> None:
+        """Add segments; ``gpus`` is the attempt's (times, active GPUs) timeline, read at
+        each segment's start."""
         keep = lens > 0
-        self.starts.append(starts[keep])
+        st = starts[keep]
+        self.starts.append(st)
         self.lens.append(lens[keep])
         self.kix.append(keys[keep])
-        self.att.append(np.full(int(keep.sum()), attempt))
-        self.gpus.append(np.full(int(keep.sum()), gpus))
+        self.att.append(np.full(len(st), attempt))
+        times, values = gpus
+        self.gpus.append(values[np.clip(np.searchsorted(times, st, side="right") - 1, 0, None)])
 
-    def _paint(self, a: float, b: float, attempt: int, gpus: float,
+    def _paint(self, a: float, b: float, attempt: int, gpus: tuple[np.ndarray, np.ndarray],
                layers: list[tuple[np.ndarray, str]], default: str) -> None:
         """Cover [a, b]: the first layer containing a piece names it, else ``default``."""
         if not b > a:
@@ -412,24 +421,27 @@ class _Builder:
         self._emit(np.array(starts), np.array(lens), np.array(keys, dtype=np.int64), attempt,
                    gpus)
 
-    def _world(self, attempt: int, row: Any, steps: pd.DataFrame | None) -> float:
+    def _world(self, attempt: int, steps: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
+        """The attempt's active GPUs over time: ``attempt_start`` and ``world_resized``
+        events, else the most ranks that reported a step."""
         ev = self.ev
-        world = None
+        times, worlds = [-np.inf], [float(steps.ranks.max()) if steps is not None and
+                                    len(steps) else 0.0]
         if len(ev):
-            mine = ev[(ev.attempt == attempt) & ev.kind.isin(["attempt_start", "world_resized"])]
-            sizes = mine.world_size.dropna()
-            if len(sizes):
-                world = int(sizes.iloc[-1])
-        if world is None and steps is not None and len(steps):
-            world = int(steps.ranks.max())
-        return float(world or 0)
+            mine = ev[(ev.attempt == attempt) & ev.kind.isin(["attempt_start", "world_resized"])
+                      & ev.world_size.notna()].sort_values("time")
+            if len(mine):
+                worlds[0] = float(mine.world_size.iloc[0])
+                times += list(mine.time.astype(float).iloc[1:])
+                worlds += list(mine.world_size.astype(float).iloc[1:])
+        values = np.array(worlds) * self.gpr
+        self.max_world = max(self.max_world, max(worlds))
+        return np.array(times), values
 
     # -- one attempt ------------------------------------------------------------
     def attempt(self, a: int, start: float, end: float, row: Any, steps: pd.DataFrame | None,
                 rollback: int | None, last: bool, in_progress: bool) -> dict[str, int]:
-        world = self._world(a, row, steps)
-        self.max_world = max(self.max_world, world)
-        gpus = world * self.gpr
+        gpus = self._world(a, steps)
         reason = row["end_reason"]
         end_ev = _num(row["end"], end)
         end_ev = min(max(end_ev, start), end)
@@ -499,10 +511,11 @@ class _Builder:
             self._paint(float(gap_s[i]), float(gap_e[i]), a, gpus, layers, "other:unexplained")
         # after the last step
         last_end = float(e[-1])
-        if reason is None:  # still running: the step in flight, or a hang, shows here
+        if _isnull(reason):  # still running: the step in flight, or a hang, shows here
             self._paint(last_end, end, a, gpus, layers, "other:since_last_step")
-        elif reason == "completed":
-            self._paint(last_end, end, a, gpus, layers, "other:shutdown")
+        elif reason in ("completed", "ended"):  # a clean end; a later attempt waits in queue
+            self._paint(last_end, end_ev, a, gpus, layers, "other:shutdown")
+            self._paint(max(end_ev, last_end), end, a, gpus, [], "restart:queue")
         elif reason == "resized":  # a graceful elastic reconfiguration: nothing lost
             self._paint(last_end, end, a, gpus, layers, "restart:init")
         elif reason == "unknown":  # inferred from the next attempt: no detection time known

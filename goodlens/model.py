@@ -42,6 +42,10 @@ class EventKind(enum.StrEnum):
 
 EVENT_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
 
+MAX_RANK = 2**24 - 1
+"""Largest rank accepted (16.7M ranks; keeps the collector's per-rank state bounded)."""
+MAX_ATTEMPT = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Column:
@@ -56,13 +60,16 @@ class Column:
     """A batch without this column is rejected; nullable columns may be omitted."""
     nonnegative: bool = False
     """Values below zero are rejected (durations, counts)."""
+    maximum: int | None = None
+    """Largest accepted value (ranks and attempts are bounded so per-rank state stays small)."""
 
 
 #: Per-rank step records: one row per (run, attempt, rank, step).
 STEP_COLUMNS: tuple[Column, ...] = (
     Column("attempt", "int", "", "attempt number, 0 for the first incarnation", required=True,
-           nonnegative=True),
-    Column("rank", "int", "", "global rank", required=True, nonnegative=True),
+           nonnegative=True, maximum=MAX_ATTEMPT),
+    Column("rank", "int", "", "global rank (below 2^24)", required=True, nonnegative=True,
+           maximum=MAX_RANK),
     Column("host", "str", "", "host name the rank ran on"),
     Column("step", "int", "", "training step number (repeats after a rollback)", required=True,
            nonnegative=True),
@@ -92,8 +99,9 @@ EVENT_COLUMNS: tuple[Column, ...] = (
     Column("time", "float", "s (epoch)", "when it happened, on the emitter's clock",
            required=True),
     Column("attempt", "int", "", "attempt the event belongs to", required=True,
-           nonnegative=True),
-    Column("rank", "int", "", "rank concerned, null for job-level events", nonnegative=True),
+           nonnegative=True, maximum=MAX_ATTEMPT),
+    Column("rank", "int", "", "rank concerned, null for job-level events", nonnegative=True,
+           maximum=MAX_RANK),
     Column("host", "str", "", "host concerned"),
     Column("step", "int", "", "step concerned (checkpoint step, restored step, last step)",
            nonnegative=True),

@@ -417,3 +417,57 @@ def test_every_rank_emitting_its_own_checkpoint_events_counts_each_save_once(sto
     b = run.account().breakdown()  # 20,000 events, paired with vectorised as-of joins
     check_invariants(b)
     assert b.buckets["checkpoint_stall"] == pytest.approx(50 * 2.0, abs=1e-6)
+
+
+def test_a_crash_during_a_save_stalls_only_until_its_attempt_ends(store):
+    run = Run(store, ranks=2)
+    run.event("attempt_start", T0, 0)
+    run.steps(0, 0, [T0 + i for i in range(5)])
+    run.event("ckpt_save_start", T0 + 5, 0, step=5)  # never ends: the node died mid-save
+    run.event("failure_detected", T0 + 8, 0, cause="gpu")
+    run.event("attempt_start", T0 + 10, 1)
+    run.steps(1, 0, [T0 + 10 + i for i in range(30)])
+    run.event("attempt_end", T0 + 40, 1, cause="completed")
+    acc = run.account()
+    b = acc.breakdown()
+    check_invariants(b)
+    assert b.buckets["productive"] == pytest.approx(30.0)  # attempt 1 is not "stalled"
+    assert acc.breakdown(attempt=1).buckets["checkpoint_stall"] == 0.0
+
+
+def test_run_in_progress_after_an_earlier_failure(store):
+    run = Run(store, ranks=2)
+    run.event("attempt_start", T0, 0)
+    run.steps(0, 0, [T0 + i for i in range(5)])
+    run.event("failure_detected", T0 + 10, 0, cause="gpu")
+    run.event("attempt_start", T0 + 20, 1)
+    run.steps(1, 0, [T0 + 20 + i for i in range(10)])
+    b = run.account(now=T0 + 60).breakdown()
+    check_invariants(b)
+    assert b.in_progress
+    assert b.other_parts["since_last_step"] == pytest.approx(30.0)
+    assert b.restart_parts["detection"] == pytest.approx(4.0)  # only attempt 0's hang
+
+
+def test_attempt_end_without_a_cause_is_a_clean_end(store):
+    run = Run(store, ranks=2)
+    run.event("attempt_start", T0, 0)
+    run.steps(0, 0, [T0 + i for i in range(5)])
+    run.event("attempt_end", T0 + 6, 0)
+    b = run.account().breakdown()
+    check_invariants(b)
+    assert b.buckets["recompute"] == 0 and b.buckets["restart"] == 0
+    assert b.other_parts["shutdown"] == pytest.approx(1.0)
+    assert store.runs().iloc[0].state == "ended"
+
+
+def test_a_resize_inside_an_attempt_changes_gpus_from_then_on(store):
+    run = Run(store, ranks=8, world_size=8)
+    run.event("attempt_start", T0, 0, world_size=8)
+    run.steps(0, 0, [T0 + i for i in range(20)])
+    run.event("world_resized", T0 + 19.0, 0, world_size=4)
+    run.event("attempt_end", T0 + 20, 0, cause="completed")
+    b = run.account().breakdown()
+    check_invariants(b)
+    assert b.gpu_seconds["allocated"] == pytest.approx(160.0)
+    assert b.gpu_seconds["idle_allocated"] == pytest.approx(4.0)  # the last step ran on 4

@@ -237,3 +237,38 @@ def test_heartbeats_only_while_no_steps_arrive(collector):
     assert len(steps) == n
     assert 2 <= len(hb) <= 6  # about one per 0.2 s of the idle second
     assert (hb.time >= idle_from).all() and (hb.step == n - 1).all()
+
+
+def test_numpy_values_and_torn_spill_tails_lose_nothing(tmp_path):
+    import numpy as np
+
+    from collector.transport import Transport
+    spill = tmp_path / "spill"
+    exp = RankExporter(run_id="np", url="http://127.0.0.1:9", spill_dir=str(spill),
+                       flush_interval_s=3600, timeout_s=0.2)
+    for n in range(5):
+        with exp.step(np.int64(n)):
+            pass
+    exp.event("ckpt_save_start", step=np.int64(5), bytes=np.int64(10))
+    assert not exp.close(timeout=0.5)  # collector down: everything parked in the spill file
+    assert exp.stats["dropped_rows"] == 0 and exp.stats["spilled_batches"] >= 1
+    path = next(spill.iterdir())
+    with open(path, "ab") as f:
+        f.write(b"GL\x01\x00\x00\x10\x00torn")  # the process died mid-append
+    t = Transport("http://127.0.0.1:9", spill_path=str(path))  # the next process's
+    assert t.deliver(b"{}", 1) == 0  # appended after the repaired end, not after the tear
+    sent = []
+    t._post = lambda body, ctype: sent.append(ctype) or "ok"
+    t._next_try = 0
+    assert t.drain_spill()
+    assert len(sent) >= 2 and sent[-1] == "application/json"
+
+
+def test_a_refused_batch_counts_its_rows_as_dropped(collector):
+    exp = RankExporter(run_id="x" * 300, url=collector.url, flush_interval_s=3600)  # too long
+    for n in range(7):
+        with exp.step(n):
+            pass
+    exp.flush(timeout=5)
+    assert exp.stats["rejected_batches"] >= 1 and exp.stats["dropped_rows"] == 7
+    exp.close(timeout=1)

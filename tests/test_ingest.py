@@ -42,6 +42,10 @@ def test_nulls_allowed_in_optional_numeric_columns():
     (lambda d: d["steps"].__setitem__("duration_s", [1.0, None]), "steps.duration_s"),
     (lambda d: d["steps"].__setitem__("step", [[1], [2]]), "steps.step"),
     (lambda d: d["steps"].__setitem__("step", [True, False]), "steps.step"),
+    (lambda d: d["steps"].__setitem__("rank", 10**10), "steps.rank"),
+    (lambda d: d["steps"].__setitem__("rank", [1, 2**40]), "steps.rank"),
+    (lambda d: d.__setitem__("exporter", {"source": "s", "droped_rows": 1}),
+     "exporter.droped_rows"),
     (lambda d: d["steps"].pop("start_time"), "steps.start_time"),
     (lambda d: d["steps"].__setitem__("durationz", [1, 2]), "steps.durationz"),
     (lambda d: d["steps"].__setitem__("compute_s", [1.0, 2.0, 3.0]), "steps"),
@@ -118,6 +122,11 @@ def test_arrow_and_json_batches_decode_to_the_same_tables():
                  "duration_s": [1.0]}), "steps.rank", 422),
     (arrow_body({"attempt": [0], "rank": [1], "start_time": [1.0], "duration_s": [1.0]}),
      "steps.step", 422),
+    (arrow_body({"attempt": [0], "rank": [2**25], "step": [5], "start_time": [1.0],
+                 "duration_s": [1.0]}), "steps.rank", 422),
+    (arrow_body({"attempt": [0], "rank": [1], "step": __import__("pyarrow").array(
+        [2**63 + 5], __import__("pyarrow").uint64()), "start_time": [1.0],
+                 "duration_s": [1.0]}), "steps.step", 422),
 ])
 def test_malformed_arrow_batches_name_the_field(body, field, status):
     from collector.ingest_arrow import decode_arrow_batch
@@ -136,3 +145,17 @@ def test_arrow_metadata_must_be_present():
         w.write_table(t)
     with pytest.raises(BatchError, match="metadata"):
         decode_arrow_batch(sink.getvalue().to_pybytes())
+
+
+def test_arrow_duplicate_columns_are_refused():
+    import pyarrow as pa
+
+    from collector.ingest_arrow import META_KEY, decode_arrow_batch
+    t = pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["step", "step"])
+    t = t.replace_schema_metadata({META_KEY: b'{"schema_version": 1, "run_id": "r"}'})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    with pytest.raises(BatchError, match="more than once") as info:
+        decode_arrow_batch(sink.getvalue().to_pybytes())
+    assert info.value.field == "steps.step"
