@@ -216,7 +216,11 @@ def create_app(store: Store, writer: Writer, config: ServerConfig) -> Starlette:
     async def sync(request: Request) -> Response:
         if (err := auth_error(request)) is not None:
             return err
-        await run_in_threadpool(writer.sync)
+        try:
+            await run_in_threadpool(writer.sync)
+        except TimeoutError as exc:
+            return _json({"error": f"{exc}; the collector is behind, try again", "field": None},
+                         504)
         return _json({"ok": True})
 
     routes = [
