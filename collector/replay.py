@@ -1,7 +1,7 @@
 """Moving traces in and out of a store: import a trace folder, export a run as a trace,
 stream a trace through a live collector.
 
-Import goes through the same write path as live ingest (validation, key-based
+Import goes through the same validation and write path as live ingest (key-based
 de-duplication, summaries), so importing a trace twice adds nothing and a trace is exactly
 what an exporter would have produced.
 """
@@ -14,47 +14,53 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.ingest import ARROW_TYPES, Batch
+from collector.ingest import Batch, BatchError, validate_batch
+from collector.ingest_arrow import arrow_steps
 from collector.store import Store
-from goodlens.model import EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, Column
+from goodlens.model import RUN_COLUMNS, SCHEMA_VERSION
 from goodlens.trace import Trace, TraceError, read_trace, write_trace
 
 CHUNK_ROWS = 500_000
 
 
-def _conform(table: pa.Table, columns: tuple[Column, ...], where: str) -> pa.Table:
-    """Columns in model order and type; missing optional columns become nulls."""
-    arrays = []
-    for col in columns:
-        if col.name in table.column_names:
-            arrays.append(table.column(col.name).cast(ARROW_TYPES[col.kind]))
-        elif col.required:
-            raise TraceError(f"{where} lacks required column {col.name}")
-        else:
-            arrays.append(pa.nulls(table.num_rows, ARROW_TYPES[col.kind]))
-    return pa.Table.from_arrays(arrays, names=[c.name for c in columns])
-
-
 def trace_batches(trace: Trace) -> Iterator[Batch]:
-    """The trace as store batches, one run at a time, in chunks of ``CHUNK_ROWS``."""
+    """The trace as store batches, one run at a time, in chunks of ``CHUNK_ROWS``, each
+    validated exactly like a live push (a bad trace is refused, naming file and field)."""
     runs = trace.tables.get("runs")
     steps = trace.tables.get("steps")
     events = trace.tables.get("events")
+    known = set(trace.run_ids)
+    for name, table in (("runs", runs), ("steps", steps), ("events", events)):
+        if table is not None and "run_id" in table.column_names:
+            stray = set(pc.unique(table.column("run_id")).to_pylist()) - known
+            if stray:
+                raise TraceError(f"{name}.parquet has rows of runs the manifest does not list: "
+                                 f"{sorted(map(str, stray))[:5]}")
     for run_id in trace.run_ids:
         meta = None
         if runs is not None:
             rows = runs.filter(pc.equal(runs.column("run_id"), run_id)).to_pylist()
             if rows:
-                meta = {c.name: rows[0].get(c.name) for c in RUN_COLUMNS}
-        yield Batch(run_id=run_id, run=meta)
-        for table, columns, attr in ((events, EVENT_COLUMNS, "events"),
-                                     (steps, STEP_COLUMNS, "steps")):
-            if table is None:
-                continue
-            part = table.filter(pc.equal(table.column("run_id"), run_id))
-            part = _conform(part, columns, f"{attr} of run {run_id}")
-            for offset in range(0, part.num_rows, CHUNK_ROWS):
-                yield Batch(run_id=run_id, **{attr: part.slice(offset, CHUNK_ROWS)})
+                meta = {c.name: rows[0].get(c.name) for c in RUN_COLUMNS
+                        if rows[0].get(c.name) is not None}
+        try:
+            yield validate_batch({"schema_version": SCHEMA_VERSION, "run_id": run_id,
+                                  "run": meta})
+            if events is not None:
+                part = events.filter(pc.equal(events.column("run_id"), run_id))
+                part = part.drop_columns(["run_id"]).to_pydict()
+                for offset in range(0, len(next(iter(part.values()), [])), CHUNK_ROWS):
+                    chunk = {k: v[offset:offset + CHUNK_ROWS] for k, v in part.items()}
+                    yield validate_batch({"schema_version": SCHEMA_VERSION, "run_id": run_id,
+                                          "events": chunk})
+            if steps is not None:
+                part = steps.filter(pc.equal(steps.column("run_id"), run_id))
+                part = part.drop_columns(["run_id"])
+                for offset in range(0, part.num_rows, CHUNK_ROWS):
+                    yield Batch(run_id=run_id,
+                                steps=arrow_steps(part.slice(offset, CHUNK_ROWS)))
+        except BatchError as exc:
+            raise TraceError(f"run {run_id!r} of the trace: {exc.message}") from None
 
 
 def import_trace(store: Store, path: str | Path,

@@ -359,21 +359,31 @@ class Store:
         # rows the writer commits meanwhile stay dirty for the next pass
         con.execute("BEGIN TRANSACTION")
         try:
-            ranges = con.execute("SELECT run_id, attempt, min(lo), max(hi) FROM dirty "
-                                 "GROUP BY run_id, attempt").fetchall()
-            for run_id, attempt, lo, hi in ranges:
-                # medians need every value of a step in memory: summarise a long range (an
-                # import, a backlog after an outage) a few million rows at a time
-                per_step = max(1, *(con.execute(
-                    "SELECT count(*) FROM steps WHERE run_id = ? AND attempt = ? AND step = ?",
-                    [run_id, attempt, s]).fetchall()[0][0] for s in (lo, hi)))
-                chunk = max(1, SUMMARY_CHUNK_ROWS // per_step)
-                for first in range(lo, hi + 1, chunk):
-                    params = [run_id, attempt, first, min(hi, first + chunk - 1)]
+            rows = con.execute("SELECT run_id, attempt, lo, hi FROM dirty "
+                               "ORDER BY run_id, attempt, lo").fetchall()
+            for run_id, attempt, lo, hi in _merge_ranges(rows):
+                # summarise the steps that exist (a stray step number must not make us walk
+                # a huge numeric range), a few million rows per statement: medians need every
+                # value of a step in memory (an import, a backlog after an outage)
+                per_step = con.execute(
+                    "SELECT step, count(*) FROM steps WHERE run_id = ? AND attempt = ? "
+                    "AND step BETWEEN ? AND ? GROUP BY step ORDER BY step",
+                    [run_id, attempt, lo, hi]).fetchall()
+                present = [step for step, _ in per_step]
+                counts = dict(per_step)
+                i = 0
+                while i < len(present):
+                    j, budget = i, 0
+                    while j < len(present) and (j == i or budget + counts[present[j]]
+                                                <= SUMMARY_CHUNK_ROWS):
+                        budget += counts[present[j]]
+                        j += 1
+                    params = [run_id, attempt, present[i], present[j - 1]]
                     con.execute("DELETE FROM step_summaries WHERE run_id = ? AND attempt = ? "
                                 "AND step BETWEEN ? AND ?", params)
                     total += con.execute("INSERT INTO step_summaries " + _SUMMARY_SELECT,
                                          params).fetchall()[0][0]
+                    i = j
             con.execute("DELETE FROM dirty")
             con.execute("COMMIT")
         except BaseException:
@@ -533,6 +543,17 @@ class _Group:
         self.store._marks.update(self.step_marks)
         self.store._event_marks.update(self.event_marks)
         self.store._known_runs |= self.new_runs
+
+
+def _merge_ranges(rows: list[tuple]) -> list[tuple]:
+    """Dirty ``(run, attempt, lo, hi)`` rows, sorted, merged where they overlap or touch."""
+    out: list[list] = []
+    for run_id, attempt, lo, hi in rows:
+        if out and out[-1][0] == run_id and out[-1][1] == attempt and lo <= out[-1][3] + 1:
+            out[-1][3] = max(out[-1][3], hi)
+        else:
+            out.append([run_id, attempt, lo, hi])
+    return [tuple(r) for r in out]
 
 
 def _where(conds: dict[str, Any]) -> tuple[str, list]:

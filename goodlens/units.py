@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -55,9 +56,11 @@ def parse_instant(text: str | float, start: float | None = None, end: float | No
     import datetime as dt
 
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):
+            raise ValueError(f"not a time: {text!r}")
         return float(text)
     s = str(text).strip()
-    if s[:1] in "+-" and not _is_number(s):
+    if s[:1] in "+-":  # relative, always: "-30" is 30 s before the end, not epoch -30
         ref = start if s[0] == "+" else end
         if ref is None:
             raise ValueError(f"{text!r} is relative to the run, but the run has no "
@@ -65,7 +68,10 @@ def parse_instant(text: str | float, start: float | None = None, end: float | No
         delta = parse_duration(s[1:])
         return ref + delta if s[0] == "+" else ref - delta
     if _is_number(s):
-        return float(s)
+        value = float(s)
+        if not math.isfinite(value):
+            raise ValueError(f"not a time: {text!r}")
+        return value
     try:
         when = dt.datetime.fromisoformat(s)
     except ValueError:

@@ -142,3 +142,17 @@ def test_report_over_http_matches_the_file(collector, tmp_path):
     assert rep["buckets"]["productive"] == pytest.approx(3.0, abs=0.05)
     status, _body = http("GET", collector.url + "/v1/report?run=nope")
     assert status == 404
+
+
+def test_instants():
+    from goodlens.units import parse_instant
+    assert parse_instant("+2h", start=100.0, end=10_000.0) == 7300.0
+    assert parse_instant("-30", start=100.0, end=10_000.0) == 9970.0  # relative, not epoch
+    assert parse_instant("1767225600") == 1767225600.0
+    assert parse_instant("2026-01-01T00:00") == 1767225600.0  # UTC when no offset
+    assert parse_instant("2026-01-01T01:00+01:00") == 1767225600.0
+    for bad in ("nan", "inf", "soon"):
+        with pytest.raises(ValueError):
+            parse_instant(bad)
+    with pytest.raises(ValueError, match="relative to the run"):
+        parse_instant("+1h")

@@ -82,3 +82,33 @@ def test_live_replay_errors_are_clear(tmp_path):
 def test_live_replay_gives_up_on_an_unreachable_collector():
     with pytest.raises(ValueError, match="gave up after 1 s: collector unreachable"):
         stream_trace(SAMPLE, "http://127.0.0.1:9", speed=0, give_up_s=1.0)
+
+
+def test_a_bad_trace_is_refused_naming_what_is_wrong(tmp_path):
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from collector.replay import import_trace
+    from goodlens.trace import TraceError
+    bad = tmp_path / "bad"
+    shutil.copytree(SAMPLE, bad)
+    steps = pq.read_table(bad / "steps.parquet")
+    dur = steps.column("duration_s")
+    steps = steps.set_column(steps.column_names.index("duration_s"), "duration_s",
+                             pc.multiply(dur, -1.0))
+    pq.write_table(steps, bad / "steps.parquet")
+    s = Store(tmp_path / "b.duckdb")
+    try:
+        with pytest.raises(TraceError, match=r"steps\.duration_s must not be negative"):
+            import_trace(s, bad)
+        shutil.copy(ROOT / "sample_data" / "demo" / "steps.parquet", bad / "steps.parquet")
+        ev = pq.read_table(bad / "events.parquet")
+        ev = ev.set_column(0, "run_id", pc.if_else(pc.equal(ev.column("seq"), 0),
+                                                   "ghost-run", ev.column("run_id")))
+        pq.write_table(ev, bad / "events.parquet")
+        with pytest.raises(TraceError, match="ghost-run"):
+            import_trace(s, bad)
+    finally:
+        s.close()

@@ -202,3 +202,9 @@ def test_long_dirty_ranges_are_summarised_in_chunks(store, monkeypatch):
     assert store.summarize_dirty() == 11
     df = store.step_summaries("r")
     assert list(df.step) == list(range(11)) and (df.ranks == 3).all()
+
+
+def test_a_stray_step_number_does_not_make_summaries_walk_the_gap(store):
+    store.write_group([batch("r", 0, [0, 1, 2]), batch("r", 1, [0, 10**15])])
+    assert store.summarize_dirty() == 4  # steps 0, 1, 2 and 10^15: not the 10^15 between
+    assert sorted(store.step_summaries("r").step) == [0, 1, 2, 10**15]
