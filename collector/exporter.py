@@ -328,9 +328,12 @@ class RankExporter:
     def last_step(self) -> int | None:
         """The last step recorded (the heartbeat reports it)."""
         try:
-            return self._steps[-1][1] if self._steps else self._asm.last_step
-        except IndexError:  # emptied concurrently
-            return self._asm.last_step
+            for row in reversed(self._steps):
+                if len(row) != 2:  # not a new_attempt marker
+                    return row[1]
+        except (IndexError, RuntimeError):  # emptied or changed concurrently
+            pass
+        return self._asm.last_step
 
     # -- delivery (background thread) -----------------------------------------
     @property
