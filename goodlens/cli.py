@@ -331,6 +331,100 @@ def report(db: str | None, url: str | None, token: str | None, run_id: str | Non
         click.echo(report_text(rep))
 
 
+def _overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--set field=value`` pairs typed like the SimConfig field they name."""
+    from dataclasses import fields as dc_fields
+
+    from goodlens.simconfig import SimConfig
+    types = {f.name: f.type for f in dc_fields(SimConfig)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or name not in types:
+            raise click.BadParameter(f"{pair!r}: use FIELD=VALUE with a field of "
+                                     f"{', '.join(sorted(types))}", param_hint="--set")
+        out[name] = _typed(raw, str(types[name]), name)
+    return out
+
+
+def _typed(raw: str, typ: str, name: str) -> Any:
+    try:
+        if "bool" in typ:
+            return raw.lower() in ("1", "true", "yes", "on")
+        if "int" in typ and "float" not in typ:
+            return int(raw)
+        if "float" in typ:
+            return parse_duration(raw) if name.endswith("_s") else float(raw)
+    except ValueError as exc:
+        raise click.BadParameter(f"{name}={raw!r}: {exc}", param_hint="--set") from None
+    return raw
+
+
+@main.command()
+@click.option("--preset", default="demo-64", show_default=True,
+              help="Named configuration: llama3-16k, kokolis-1k, demo-64, test-16.")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
+              help="Change one setting (repeatable), e.g. --set interval_s=10m "
+                   "--set elastic=spares --set spares=4. Durations accept 90s, 5m, 24h.")
+@click.option("--trials", type=click.IntRange(1), default=100, show_default=True,
+              help="Monte Carlo trials.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same result.")
+@click.option("--sweep", "sweep_spec", metavar="FIELD=V1,V2,...",
+              help="Run every value of one setting and print a table ready to plot.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
+def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
+             sweep_spec: str | None, as_json: bool) -> None:
+    """What-if: simulate a training run's goodput under failures, checkpoints, stragglers
+    and an elastic policy (Monte Carlo over --trials), in the buckets of `goodlens report`.
+    """
+    from dataclasses import replace
+
+    from goodlens import simulate as sim
+    from goodlens.presets import get_preset
+    try:
+        config = replace(get_preset(preset), **_overrides(sets))
+    except KeyError as exc:
+        raise click.BadParameter(str(exc.args[0]), param_hint="--preset") from None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--set") from None
+    if sweep_spec:
+        name, _, raw = sweep_spec.partition("=")
+        values = [v for v in raw.split(",") if v]
+        if not values:
+            raise click.BadParameter("use FIELD=V1,V2,...", param_hint="--sweep")
+        typed = [next(iter(_overrides((f"{name}={v}",)).values())) for v in values]
+        try:
+            df = sim.sweep(config, name, typed, trials=trials, seed=seed)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--sweep") from None
+        if as_json:
+            _echo_json({"preset": preset, "field": name, "trials": trials,
+                        "rows": df.to_dict("records")})
+        else:
+            cols = [c for c in df.columns if c == "value" or c.startswith("goodput")]
+            click.echo(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        return
+    with click.progressbar(length=1, label=f"simulating {preset} x{trials}", file=sys.stderr,
+                           hidden=as_json or not sys.stderr.isatty()) as bar:
+        out = sim.monte_carlo(config, trials=trials, seed=seed)
+        bar.update(1)
+    out = {"preset": preset, **out}
+    if as_json:
+        _echo_json(out)
+        return
+    wall = out["wall_clock_s"]
+    click.echo(f"{preset}: {config.nodes * config.gpus_per_node:,} GPUs for "
+               f"{format_duration(wall)}, {trials} trials")
+    click.echo(f"goodput {100 * out['goodput_mean']:.1f}% (p5 {100 * out['goodput_p5']:.1f}%, "
+               f"p95 {100 * out['goodput_p95']:.1f}%), GPU-time "
+               f"{100 * out['gpu_time_goodput_mean']:.1f}%\n")
+    rows = [{"b": b, "t": format_duration(v), "p": f"{100 * v / wall:5.1f}%"}
+            for b, v in out["buckets_mean"].items()]
+    rows += [{"b": f"  restart.{k}", "t": format_duration(v), "p": f"{100 * v / wall:5.1f}%"}
+             for k, v in out["restart_parts_mean"].items() if v]
+    click.echo(table(rows, [("b", "bucket (mean)"), ("t", "time"), ("p", "share")]))
+
+
 @main.command("import")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
 @click.option("--db", required=True, type=click.Path(dir_okay=False),

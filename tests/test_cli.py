@@ -21,7 +21,8 @@ def run(*args: str, ok: bool = True):
     return result
 
 
-@pytest.mark.parametrize("cmd", [[], ["serve"], ["runs"], ["import"], ["export"]])
+@pytest.mark.parametrize("cmd", [[], ["serve"], ["runs"], ["import"], ["export"], ["report"],
+                                 ["replay"], ["simulate"]])
 def test_every_command_has_help(cmd):
     out = run(*cmd, "--help").output
     assert "Usage:" in out and len(out.splitlines()) > 4
@@ -156,3 +157,33 @@ def test_instants():
             parse_instant(bad)
     with pytest.raises(ValueError, match="relative to the run"):
         parse_instant("+1h")
+
+
+def test_simulate_json_and_what_if_settings():
+    out = json.loads(run("simulate", "--preset", "test-16", "--trials", "8", "--json").output)
+    for key in ("goodput_mean", "goodput_p5", "goodput_p95", "buckets_mean"):
+        assert key in out
+    assert sum(out["buckets_mean"].values()) == pytest.approx(out["wall_clock_s"])
+    assert out["goodput_p5"] <= out["goodput_mean"] <= out["goodput_p95"]
+    again = json.loads(run("simulate", "--preset", "test-16", "--trials", "8", "--json").output)
+    assert again == out  # same seed, same result
+    slow_queue = ("--set", "queue_s=30m")  # a scheduler that takes half an hour
+    spares = json.loads(run("simulate", "--preset", "demo-64", "--trials", "8", *slow_queue,
+                            "--set", "elastic=spares", "--set", "spares=2", "--json").output)
+    plain = json.loads(run("simulate", "--preset", "demo-64", "--trials", "8", *slow_queue,
+                           "--json").output)
+    assert spares["restart_parts_mean"]["queue"] < plain["restart_parts_mean"]["queue"]
+    rows = json.loads(run("simulate", "--preset", "test-16", "--trials", "4", "--sweep",
+                          "interval_s=2m,10m", "--json").output)["rows"]
+    assert [r["value"] for r in rows] == [120.0, 600.0]
+
+
+def test_simulate_errors_name_the_setting():
+    r = run("simulate", "--preset", "nope", ok=False)
+    assert r.exit_code == 2 and "llama3-16k" in r.output
+    r = run("simulate", "--set", "colour=red", ok=False)
+    assert r.exit_code == 2 and "FIELD=VALUE" in r.output
+    r = run("simulate", "--set", "nodes=0", ok=False)
+    assert r.exit_code == 2 and "nodes" in r.output
+    r = run("simulate", "--set", "interval_s=soon", ok=False)
+    assert r.exit_code == 2 and "interval_s" in r.output
