@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import markdown_section, table
+from goodlens import _simcore
 from goodlens import simulate as sim
 from goodlens.presets import PRESETS, get_preset
 
@@ -38,7 +39,7 @@ def main() -> int:
     cfg = get_preset(args.preset)
     times, mc = [], {}
     for _ in range(args.reps):
-        sim._noise.cache_clear()  # cold: the per-config noise Monte Carlo is timed too
+        _simcore._noise.cache_clear()  # cold: the per-config noise Monte Carlo is timed too
         t = time.perf_counter()
         mc = sim.monte_carlo(cfg, trials=args.trials, seed=args.seed)
         times.append(time.perf_counter() - t)
