@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pyarrow.parquet as pq
+import pytest
 
 from collector.replay import import_trace
 from collector.store import Store
@@ -55,3 +56,34 @@ def test_sample_trace_has_the_expected_facts(tmp_path):
 def test_data_model_doc_is_generated_from_the_model():
     doc = (ROOT / "docs" / "data-model.md").read_text()
     assert data_model_markdown() in doc, "regenerate with: python -m goodlens.model > ..."
+
+
+def _sample_traces() -> list:
+    return sorted(p.parent for p in (ROOT / "sample_data").glob("*/ground_truth.json"))
+
+
+@pytest.mark.parametrize("trace", _sample_traces(), ids=lambda p: p.name)
+def test_report_matches_ground_truth_on_every_sample_trace(trace, tmp_path):
+    """`goodlens report` on each shipped trace is within 0.1% of wall-clock of the
+    breakdown its recipe says it represents, bucket by bucket and restart part by part."""
+    import json
+
+    from goodlens.accounting import account_run
+    truth = json.loads((trace / "ground_truth.json").read_text())
+    store = Store(tmp_path / "t.duckdb")
+    try:
+        import_trace(store, trace)
+        got = account_run(store, truth["run"]).breakdown()
+    finally:
+        store.close()
+    tol = 0.001 * truth["wall_clock_s"]
+    assert got.wall_clock_s == pytest.approx(truth["wall_clock_s"], abs=tol)
+    for bucket, want in truth["buckets"].items():
+        assert (got.buckets[bucket] or 0.0) == pytest.approx(want, abs=tol), bucket
+    for part, want in truth["restart_parts"].items():
+        assert got.restart_parts[part] == pytest.approx(want, abs=tol), part
+
+
+def test_sample_traces_stay_small():
+    total = sum(f.stat().st_size for f in (ROOT / "sample_data").rglob("*") if f.is_file())
+    assert total < 20 * 2**20
