@@ -9,7 +9,9 @@ PORT ?= 8470
 DB ?= .goodlens/demo.duckdb
 APT_PACKAGES := chromium chromium-driver prometheus
 
-.PHONY: run test lint bench sample clean system-deps
+SAMPLES := $(patsubst %/manifest.json,%,$(wildcard sample_data/*/manifest.json))
+
+.PHONY: run test lint bench sample-data clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +39,10 @@ system-deps:
 
 run: $(VENV)/.stamp-run
 	@mkdir -p $(dir $(DB))
-	@echo "goodlens: collector on http://127.0.0.1:$(PORT) with the sample trace in $(DB)"
+	@echo "goodlens: collector on http://127.0.0.1:$(PORT) with the sample traces in $(DB)"
 	@echo "  runs:    $(BIN)/goodlens runs --url http://127.0.0.1:$(PORT)"
 	@echo "  metrics: http://127.0.0.1:$(PORT)/metrics"
-	$(BIN)/goodlens serve --db $(DB) --port $(PORT) --load sample_data/demo
+	$(BIN)/goodlens serve --db $(DB) --port $(PORT) $(addprefix --load ,$(SAMPLES))
 
 test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
@@ -52,8 +54,11 @@ lint: $(VENV)/.stamp-test
 bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/exporter_hot_path.py
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/collector_memory.py
+	$(BIN)/python bench/accounting.py
+	$(BIN)/python bench/simulate.py
 
-sample: $(VENV)/.stamp-run
+sample-data: $(VENV)/.stamp-run
 	$(BIN)/python sample_data/generate.py
 
 clean:
