@@ -151,11 +151,11 @@ def ground_truth(log: list[tuple], end: float, detect_gap: float) -> dict:
     b["restart"] = sum(parts.values())
     wall = end - T0
     b["other"] = wall - sum(v for k, v in b.items() if k != "other")  # ~0: nothing else
-    return {"run": RUN_ID, "wall_clock_s": wall, "goodput": b["productive"] / wall,
-            "buckets": b, "restart_parts": parts,
+    return {"run_id": RUN_ID, "seed": SEED, "generator": "sample_data/generate.py (hand-built)",
+            "truth": {"run": RUN_ID, "wall_clock_s": wall, "goodput": b["productive"] / wall,
+                      "buckets": b, "restart_parts": parts},
             "findings": [{"subject": "rank", "id": SLOW_RANK, "host": "node-1",
-                          "first_step": SLOW_FROM, "slowdown": SLOWDOWN}],
-            "recipe": "sample_data/generate.py", "seed": SEED}
+                          "first_step": SLOW_FROM, "slowdown": SLOWDOWN}]}
 
 
 def _event_schema(names: list[str]) -> pa.Schema:

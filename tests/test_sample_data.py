@@ -69,11 +69,12 @@ def test_report_matches_ground_truth_on_every_sample_trace(trace, tmp_path):
     import json
 
     from goodlens.accounting import account_run
-    truth = json.loads((trace / "ground_truth.json").read_text())
+    doc = json.loads((trace / "ground_truth.json").read_text())
+    truth = doc["truth"]
     store = Store(tmp_path / "t.duckdb")
     try:
         import_trace(store, trace)
-        got = account_run(store, truth["run"]).breakdown()
+        got = account_run(store, doc["run_id"]).breakdown()
     finally:
         store.close()
     tol = 0.001 * truth["wall_clock_s"]
