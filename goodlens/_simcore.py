@@ -167,8 +167,11 @@ def _wmedian(items: list[tuple[float, int]]) -> float:
 
 def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
            timeline: list | None = None) -> SimResult:
-    """One run, attempt by attempt (rules in the module docstring). ``timeline`` (tests)
-    receives each attempt's start-up, pieces and end, enough to rebuild its trace."""
+    """One run, attempt by attempt (rules in the module docstring). ``timeline`` (tests,
+    :mod:`goodlens.tracegen`) receives each attempt's start-up, pieces and end, enough to
+    rebuild its trace: also the failure (``fail``: cause, hang, wide), whether the restore
+    read a memory copy (``from_mem``), the evicted episodes (``evicted``) and every
+    straggler episode (``episodes``: onset, end, slowdown, cause, nodes)."""
     T, N, gpn, step_s, wb = c.duration_s, c.nodes, c.gpus_per_node, c.step_s, c.elastic
     km, kd, cm, cdd, w0 = p.km, p.kd, p.cm, p.cdd, p.w0
     j, tiered, evict, delay = kd // km, c.ckpt_mode == "tiered", c.evict_stragglers, \
@@ -191,6 +194,10 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
     why = np.searchsorted(p.sc_cdf, rng.random(n_ep), side="right")
     ew = np.maximum(0.0, p.c0 * ((1 + slow) * p.sc_m[why] - p.med)).tolist()
     ep_nodes, ev_ok = p.sc_nodes[why].tolist(), (slow >= c.evict_min_slowdown).tolist()
+    episodes = None if timeline is None else dict(  # for trace mode (goodlens.tracegen)
+        onset=s0.tolist(), end=(s0 + dur).tolist(), slowdown=slow.tolist(),
+        cause=np.array(list(STRAGGLER_CAUSES))[why].tolist(), nodes=ep_nodes)
+    fail_info: list = [None, False, False]  # the last failure's cause, hang, wide
     bt = np.concatenate([s0, s0 + dur])
     order = np.argsort(bt, kind="stable")
     bound_t = bt[order].tolist()
@@ -313,7 +320,8 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
     def rec(kind: str, **kw: Any) -> None:
         if timeline is not None:
             timeline.append(dict(kind=kind, t=t, init=init_c, restore=restore_c, R=R, n=n,
-                                 dur0=dur0, w_first=w_first, pieces=list(pieces), **kw))
+                                 dur0=dur0, w_first=w_first, pieces=list(pieces),
+                                 from_mem=rmem, episodes=episodes, **kw))
 
     def fail_draw() -> tuple[float, bool]:
         ci = bisect.bisect_right(p.cause_cdf, dr.uni())
@@ -322,6 +330,7 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
         cnt["failures"] += 1
         cnt["hangs"] += hang
         cnt["wide_failures"] += wide
+        fail_info[:] = CAUSE_NAMES[ci], hang, wide
         return (c.detect_hang_s if hang else c.detect_crash_s), wide
 
     def take_spares(t: float, k: int) -> bool:
@@ -342,7 +351,7 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
                 node_next[np.isinf(node_next)] = -1.0
 
     def relaunch(t_fail: float, t_det: float, from_mem: bool) -> float:
-        nonlocal n, init_c, restore_c
+        nonlocal n, init_c, restore_c, rmem
         if take_spares(t_fail, 1):
             gap, init_c = c.spare_swap_s, c.init_s
         elif wb == "shrink" and n > N - c.shrink_max_nodes:
@@ -358,10 +367,11 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
         span("queue", t_det, t_det + gap)
         restore_c = 0.0 if R == 0 else (c.memory_restore_s if from_mem else c.restore_s)
         cnt["memory_restores"] += from_mem and R > 0
+        rmem = from_mem and R > 0
         return t_det + gap
 
     t, R, D, Mm, n, bi, pli, cur_w = 0.0, 0, 0, 0, N, 0, 0, w0
-    init_c, restore_c, dur0, w_first, gpus = c.init_s, 0.0, 0.0, 0.0, 0
+    init_c, restore_c, dur0, w_first, gpus, rmem = c.init_s, 0.0, 0.0, 0.0, 0, False
     active: dict[int, float] = {}
     dues: dict[int, float] = {}
     grows: list[float] = []
@@ -393,7 +403,7 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
             det_s, wide = fail_draw()
             cnt["startup_failures"] += 1
             startup(t, min(t_fail + det_s, T), t_fail)
-            rec("failed", t_det=t_fail + det_s, t_fail=t_fail)
+            rec("failed", t_det=t_fail + det_s, t_fail=t_fail, fail=tuple(fail_info))
             Mm = D if wide else Mm
             R = Mm if tiered else D
             t = relaunch(t_fail, t_fail + det_s, tiered and Mm > D)
@@ -459,7 +469,7 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
             det_s, wide = fail_draw()
             t_det = t_fail + det_s
             tail = min(t_det, T) - em
-            rec("failed", m_end=m, t_det=t_det, t_fail=t_fail)
+            rec("failed", m_end=m, t_det=t_det, t_fail=t_fail, fail=tuple(fail_info))
             a["recompute"] += min(med, tail)
             a["detection"] += tail - min(med, tail)
             k = locate(t_fail - c.write_s)[0] // kd * kd
@@ -487,7 +497,7 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
             if weib:
                 node_next[int(np.argmax(np.isinf(node_next)))] = -1.0
             span("init", t_end + sk, t_end + sk + c.reconfig_s)
-            t, init_c, restore_c = t_end + sk + c.reconfig_s, 0.0, 0.0
+            t, init_c, restore_c, rmem = t_end + sk + c.reconfig_s, 0.0, 0.0, False
             continue
         D = Mm = R = m_end  # planned or eviction: a durable save on notice
         flush(D)
@@ -506,13 +516,15 @@ def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
             cur_w = max(w0, max(active.values())) if active else w0
             cnt["evictions"] += 1
             cnt["evicted_nodes"] += k
+            if timeline is not None:
+                timeline[-1]["evicted"] = ids
             if take_spares(t_end, k):
                 gap = c.write_s + c.spare_swap_s
             else:
                 gap = c.write_s + qdraw()
                 full_world()
         span("queue", t_end, t_end + gap)
-        t, init_c, restore_c = t_end + gap, c.init_s, c.restore_s
+        t, init_c, restore_c, rmem = t_end + gap, c.init_s, c.restore_s, False
     flush(INF)
     parts = {k: a[k] for k in RESTART_PARTS}
     a["restart"] = sum(parts.values())

@@ -342,14 +342,14 @@ class _Builder:
         starts = starts.reset_index(drop=True).assign(end=np.inf)
         keysets = (["source", "attempt", "step", "tier"], ["source", "attempt", "tier"],
                    ["source", "attempt"])
-        for kind in end_kinds:  # preferred end kind first; later kinds fill what is left
-            ends = ev[self.ev.kind.to_numpy() == kind]
-            if not len(ends):
-                continue
-            for by in keysets:
+        # strictest keys first over every end kind (the preferred kind first within a key
+        # set), so a loose match never steals the end that a strict one would have found
+        for by in keysets:
+            for kind in end_kinds:
+                ends = ev[self.ev.kind.to_numpy() == kind]
                 todo = np.isinf(starts.end.to_numpy())
-                if not todo.any():
-                    break
+                if not len(ends) or not todo.any():
+                    continue
                 right = ends[["time", *by]].rename(columns={"time": "t_end"})
                 m = pd.merge_asof(starts.loc[todo, ["time", *by]], right.sort_values("t_end"),
                                   left_on="time", right_on="t_end", by=by,

@@ -471,3 +471,20 @@ def test_a_resize_inside_an_attempt_changes_gpus_from_then_on(store):
     check_invariants(b)
     assert b.gpu_seconds["allocated"] == pytest.approx(160.0)
     assert b.gpu_seconds["idle_allocated"] == pytest.approx(4.0)  # the last step ran on 4
+
+
+def test_a_memory_save_with_only_a_durable_end_is_not_paired_with_the_next_save(store):
+    run = Run(store, ranks=2)
+    run.event("attempt_start", T0, 0)
+    run.steps(0, 0, [T0 + i for i in range(3)] + [T0 + 4 + i for i in range(3)]
+              + [T0 + 10 + i for i in range(3)])
+    # memory-tier save at 3.0-4.0 reports only its durable end (the peer copy is done)
+    run.event("ckpt_save_start", T0 + 3, 0, step=3, tier="memory")
+    run.event("ckpt_save_durable_end", T0 + 4, 0, step=3, tier="memory")
+    # a durable save later, 7.0-10.0, with a blocking end
+    run.event("ckpt_save_start", T0 + 7, 0, step=6, tier="durable")
+    run.event("ckpt_save_blocking_end", T0 + 10, 0, step=6, tier="durable")
+    run.event("attempt_end", T0 + 13, 0, cause="completed")
+    b = run.account().breakdown()
+    check_invariants(b)
+    assert b.buckets["checkpoint_stall"] == pytest.approx(1.0 + 3.0)
