@@ -371,9 +371,16 @@ def _typed(raw: str, typ: str, name: str) -> Any:
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same result.")
 @click.option("--sweep", "sweep_spec", metavar="FIELD=V1,V2,...",
               help="Run every value of one setting and print a table ready to plot.")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Also write one trial (--seed) as a trace folder: per-rank step rows, "
+                   "events, ground_truth.json. For small runs (at most --max-rows rows).")
+@click.option("--run-id", default="sim", show_default=True, help="Run id in the --out trace.")
+@click.option("--max-rows", type=int, default=50_000_000, show_default=True,
+              help="Refuse --out traces bigger than this many rank-step rows.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
-             sweep_spec: str | None, as_json: bool) -> None:
+             sweep_spec: str | None, out: str | None, run_id: str, max_rows: int,
+             as_json: bool) -> None:
     """What-if: simulate a training run's goodput under failures, checkpoints, stragglers
     and an elastic policy (Monte Carlo over --trials), in the buckets of `goodlens report`.
     """
@@ -404,11 +411,25 @@ def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
             cols = [c for c in df.columns if c == "value" or c.startswith("goodput")]
             click.echo(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         return
-    with click.progressbar(length=1, label=f"simulating {preset} x{trials}", file=sys.stderr,
-                           hidden=as_json or not sys.stderr.isatty()) as bar:
-        out = sim.monte_carlo(config, trials=trials, seed=seed)
-        bar.update(1)
-    out = {"preset": preset, **out}
+    trace_note = None
+    if out:
+        rows = config.duration_s / config.step_s * config.nodes * config.gpus_per_node
+        if rows > max_rows:
+            raise click.UsageError(
+                f"--out would write about {rows:,.0f} rank-step rows (limit --max-rows "
+                f"{max_rows:,}); shorten it (--set duration_s=2h) or use fewer nodes")
+        from goodlens.tracegen import generate_trace
+        tr = generate_trace(config, seed, out, run_id=run_id)
+        trace_note = {"path": str(tr.path), "run_id": run_id, "seed": seed, "rows": tr.rows,
+                      "rows_per_s": tr.rows_per_s, "truth": tr.truth}
+    with click.progressbar(length=trials, label=f"simulating {preset} x{trials}",
+                           file=sys.stderr, hidden=as_json or not sys.stderr.isatty()) as bar:
+        res = sim.monte_carlo(config, trials=trials, seed=seed)
+        bar.update(trials)
+    out_doc = {"preset": preset, **res}
+    if trace_note:
+        out_doc["trace"] = trace_note
+    out = out_doc
     if as_json:
         _echo_json(out)
         return
@@ -423,6 +444,10 @@ def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
     rows += [{"b": f"  restart.{k}", "t": format_duration(v), "p": f"{100 * v / wall:5.1f}%"}
              for k, v in out["restart_parts_mean"].items() if v]
     click.echo(table(rows, [("b", "bucket (mean)"), ("t", "time"), ("p", "share")]))
+    if trace_note:
+        click.echo(f"\ntrace of seed {seed}: {trace_note['path']} ({trace_note['rows']:,} "
+                   f"rank-step rows; its ground truth: goodput "
+                   f"{100 * trace_note['truth']['goodput']:.1f}%, in ground_truth.json)")
 
 
 @main.command("import")

@@ -187,3 +187,19 @@ def test_simulate_errors_name_the_setting():
     assert r.exit_code == 2 and "nodes" in r.output
     r = run("simulate", "--set", "interval_s=soon", ok=False)
     assert r.exit_code == 2 and "interval_s" in r.output
+
+
+def test_simulate_out_writes_a_trace_that_reports_its_ground_truth(tmp_path):
+    out = tmp_path / "trace"
+    doc = json.loads(run("simulate", "--preset", "test-16", "--trials", "2", "--seed", "3",
+                         "--out", str(out), "--run-id", "t16", "--json").output)
+    assert doc["trace"]["rows"] > 0 and (out / "ground_truth.json").exists()
+    db = str(tmp_path / "s.duckdb")
+    run("import", str(out), "--db", db)
+    rep = json.loads(run("report", "--db", db, "--run", "t16", "--json").output)
+    truth = doc["trace"]["truth"]
+    for bucket, want in truth["buckets"].items():
+        assert (rep["buckets"][bucket] or 0.0) == pytest.approx(want, abs=1e-3 * truth[
+            "wall_clock_s"])
+    r = run("simulate", "--preset", "llama3-16k", "--out", str(tmp_path / "big"), ok=False)
+    assert r.exit_code == 2 and "--max-rows" in r.output
