@@ -1,7 +1,10 @@
-"""Rebuild the bundled sample trace ``sample_data/demo/`` from a fixed seed.
+"""Rebuild the bundled sample traces from fixed seeds (``make sample-data``).
 
-A small stand-in until the run simulator lands (it will regenerate richer traces with
-ground truth): one run of 8 ranks on 2 hosts that
+- ``sim-64/`` and ``sim-16/``: simulated runs (``goodlens.tracegen``), each with the
+  ground truth the simulator knows and the stragglers it planted (``ground_truth.json``);
+  ``sim-64`` shows failures with restarts and recompute, async checkpoints, a persistent
+  straggler, a slow switch and an elastic shrink.
+- ``demo/``: a hand-built story, small enough to read, of 8 ranks on 2 hosts that
 
 - initialises for 40 s, then steps at about 1 s;
 - saves a synchronous checkpoint every 100 steps (6 s stall, 2.6 GB per rank);
@@ -165,6 +168,51 @@ def _event_schema(names: list[str]) -> pa.Schema:
     return pa.schema([(n, types.get(n, pa.int64())) for n in names])
 
 
+def sim_configs() -> dict[str, tuple]:
+    """The simulated sample traces: (config, first seed to try, what it must show)."""
+    from dataclasses import replace
+
+    from goodlens.presets import get_preset
+    h = 3600.0
+    rich = replace(get_preset("demo-64"), duration_s=2 * h, step_s=2.0, elastic="shrink",
+                   node_mtbf_s=8 * h, straggler_per_node_day=6.0, planned_per_day=2.0,
+                   repair_s=0.5 * h, reconfig_s=60.0, nodes_per_switch=4)
+    return {
+        # failures with restarts and recompute, async checkpoints, a persistent straggler,
+        # a slow switch, an elastic shrink (and its grow back)
+        "sim-64": (rich, 1, ("failure", "async", "rank_or_node", "switch", "shrink")),
+        # the tiny preset as is: a failure and a straggler or two
+        "sim-16": (get_preset("test-16"), 1, ("failure",)),
+    }
+
+
+def _shows(result, needs: tuple[str, ...]) -> bool:
+    ev = result.tables["events"]
+    kinds = set(ev.column("kind").to_pylist())
+    subjects = {f["subject"] for f in result.findings}
+    checks = {"failure": "failure_detected" in kinds and result.truth["buckets"]["recompute"] > 0,
+              "async": result.sim.buckets["checkpoint_stall"] > 0,
+              "rank_or_node": bool(subjects & {"rank", "node"}), "switch": "switch" in subjects,
+              "shrink": "world_resized" in kinds}
+    return all(checks[n] for n in needs)
+
+
+def generate_sims(root: Path) -> list[Path]:
+    """Write each simulated sample trace, from the first seed that shows what it must."""
+    from goodlens.tracegen import generate_trace
+    paths = []
+    for name, (config, seed, needs) in sim_configs().items():
+        for s in range(seed, seed + 500):
+            r = generate_trace(config, s, None, run_id=name)
+            if _shows(r, needs):
+                break
+        else:
+            raise RuntimeError(f"no seed in {seed}..{seed + 499} gives {name} {needs}")
+        paths.append(generate_trace(config, s, root / name, run_id=name).path)
+    return paths
+
+
 if __name__ == "__main__":
-    path = generate(Path(__file__).resolve().parent / "demo")
-    print(f"wrote {path}")
+    here = Path(__file__).resolve().parent
+    for path in [generate(here / "demo"), *generate_sims(here)]:
+        print(f"wrote {path}")

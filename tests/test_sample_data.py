@@ -21,13 +21,28 @@ def _recipe():
     return mod
 
 
-def test_recipe_regenerates_the_shipped_trace(tmp_path):
+def test_recipe_regenerates_the_shipped_traces(tmp_path):
     gen = _recipe()
     gen.generate(tmp_path / "demo")
-    for name in ("runs", "steps", "events"):
-        fresh = pq.read_table(tmp_path / "demo" / f"{name}.parquet")
-        shipped = pq.read_table(ROOT / "sample_data" / "demo" / f"{name}.parquet")
-        assert fresh.equals(shipped), name
+    sims = gen.generate_sims(tmp_path)
+    assert {p.name for p in sims} == {"sim-64", "sim-16"}
+    for trace in ("demo", "sim-64", "sim-16"):
+        for name in ("runs", "steps", "events"):
+            fresh = pq.read_table(tmp_path / trace / f"{name}.parquet")
+            shipped = pq.read_table(ROOT / "sample_data" / trace / f"{name}.parquet")
+            assert fresh.equals(shipped), (trace, name)
+
+
+def test_the_rich_sample_shows_every_feature_it_promises():
+    import json
+    doc = json.loads((ROOT / "sample_data" / "sim-64" / "ground_truth.json").read_text())
+    subjects = {f["subject"] for f in doc["findings"]}
+    assert "switch" in subjects and subjects & {"rank", "node"}
+    assert doc["truth"]["buckets"]["recompute"] > 0 and doc["truth"]["buckets"]["restart"] > 0
+    kinds = set(pq.read_table(ROOT / "sample_data" / "sim-64" / "events.parquet")
+                .column("kind").to_pylist())
+    assert {"failure_detected", "world_resized", "ckpt_save_blocking_end",
+            "ckpt_save_durable_end"} <= kinds
 
 
 def test_sample_trace_has_the_expected_facts(tmp_path):
