@@ -98,6 +98,10 @@ class SimConfig:
     """Tiered: restore from a peer's memory copy (single-node failures only)."""
     compute_noise_sigma: float = 0.01
     """Per-rank, per-step compute noise: lognormal sigma (heavy right tail)."""
+    diurnal_amplitude: float = 0.0
+    """Trace mode: slow diurnal drift of every rank's compute time, as a fraction (Llama 3
+    saw 1-2% throughput variation over a day). All ranks drift together, so it is never
+    straggler wait; it shows as compute against collective wait within the same step time."""
     straggler_per_node_day: float = 0.0
     """Onset rate of persistent slowdown episodes, per node per day."""
     straggler_slowdown_median: float = 0.1
@@ -155,6 +159,8 @@ class SimConfig:
                 raise bad(name, "> 0")
         if self.compute_fraction > 1:
             raise bad("compute_fraction", "in (0, 1]")
+        if not 0 <= self.diurnal_amplitude < 0.5:
+            raise bad("diurnal_amplitude", "in [0, 0.5)")
         w = self.wide_failure_fraction
         if w is not None and (isinstance(w, bool) or not isinstance(w, int | float)
                               or not 0 <= w <= 1):

@@ -14,7 +14,8 @@ Model (on top of the simulator's, which fixes every step's start and duration):
   k // nodes_per_switch (in the run's tags, with ``spare_gpus``);
 - all ranks of a step report the step's duration (synchronous training); rank compute is the
   median compute (``compute_fraction`` of the healthy step, times N/n when shrunk) times
-  per-rank lognormal noise (``compute_noise_sigma``) times (1 + slowdown) while a straggler
+  per-rank lognormal noise (``compute_noise_sigma``), a slow diurnal drift of every rank
+  (``diurnal_amplitude``), times (1 + slowdown) while a straggler
   episode covers the rank (the step starts in [onset, end)); the first step of an attempt
   adds the warm-up to every rank; data wait is about 0.5% of the step; compute is capped so
   that collective wait (duration - compute - data wait) is never negative;
@@ -316,6 +317,8 @@ class _Gen:
         x = c.compute_fraction * base * (np.exp(c.compute_noise_sigma *
                                                 rng.standard_normal((ns, ranks)))
                                          if c.compute_noise_sigma > 0 else np.ones((ns, ranks)))
+        if c.diurnal_amplitude:  # every rank together, over the day of the trace clock
+            x *= (1 + c.diurnal_amplitude * np.sin(2 * np.pi * t_start / 86400.0))[:, None]
         for e in self.ep:
             i0, i1 = np.searchsorted(start, [e["onset"], e["end"]], side="left")
             c0, c1 = e["r0"], min(e["r1"], ranks)

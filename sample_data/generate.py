@@ -176,10 +176,11 @@ def sim_configs() -> dict[str, tuple]:
     h = 3600.0
     rich = replace(get_preset("demo-64"), duration_s=2 * h, step_s=2.0, elastic="shrink",
                    node_mtbf_s=8 * h, straggler_per_node_day=6.0, planned_per_day=2.0,
-                   repair_s=0.5 * h, reconfig_s=60.0, nodes_per_switch=4)
+                   repair_s=0.5 * h, reconfig_s=60.0, nodes_per_switch=4,
+                   diurnal_amplitude=0.02)
     return {
         # failures with restarts and recompute, async checkpoints, a persistent straggler,
-        # a slow switch, an elastic shrink (and its grow back)
+        # a slow switch, an elastic shrink (and its grow back), a 2% diurnal drift
         "sim-64": (rich, 1, ("failure", "async", "rank_or_node", "switch", "shrink")),
         # the tiny preset as is: a failure and a straggler or two
         "sim-16": (get_preset("test-16"), 1, ("failure",)),

@@ -213,3 +213,24 @@ def test_findings_locate_the_planted_stragglers(tmp_path):
             slow = summ[summ.step.between(f["first_step"], f["last_step"])].slowest_rank
             assert slow.between(lo, hi).mean() > 0.95
     store.close()
+
+
+def test_diurnal_drift_moves_every_rank_together_and_keeps_the_truth(tmp_path):
+    from collector.replay import import_trace
+    from collector.store import Store
+    from goodlens.accounting import account_run
+    from goodlens.tracegen import generate_trace
+    c = replace(get_preset("test-16"), diurnal_amplitude=0.2, duration_s=6 * 3600.0,
+                straggler_per_node_day=0.0, node_mtbf_s=1e9)
+    r = generate_trace(c, 0, tmp_path / "d", run_id="d")
+    steps = r.tables["steps"].to_pandas()
+    hourly = steps.groupby((steps.start_time - steps.start_time.min()) // 3600).compute_s.median()
+    assert hourly.max() / hourly.min() > 1.1  # the day shows in compute time
+    s = Store(tmp_path / "d.duckdb")
+    try:
+        import_trace(s, tmp_path / "d")
+        got = account_run(s, "d").breakdown()
+    finally:
+        s.close()
+    for k, v in r.truth["buckets"].items():
+        assert (got.buckets[k] or 0.0) == pytest.approx(v, abs=1e-6 * r.truth["wall_clock_s"])
