@@ -450,6 +450,16 @@ def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
                    f"{100 * trace_note['truth']['goodput']:.1f}%, in ground_truth.json)")
 
 
+def _import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
+    """Open (or create) the store file, import the trace, close."""
+    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    store = _open_store(db, read_only=False)
+    try:
+        return _import(store, trace, quiet=quiet)
+    finally:
+        store.close()
+
+
 @main.command("import")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
 @click.option("--db", required=True, type=click.Path(dir_okay=False),
@@ -460,12 +470,7 @@ def import_cmd(trace: str, db: str, as_json: bool) -> None:
 
     Rows already stored are recognised and skipped, so importing twice adds nothing.
     """
-    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
-    store = _open_store(db, read_only=False)
-    try:
-        totals = _import(store, trace, quiet=as_json)
-    finally:
-        store.close()
+    totals = _import_into(db, trace, quiet=as_json)
     if as_json:
         _echo_json(totals)
     else:
@@ -495,12 +500,7 @@ def replay(trace: str, db: str | None, url: str | None, speed: float, token: str
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH (offline) or --live URL")
     if db:
-        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
-        store = _open_store(db, read_only=False)
-        try:
-            totals = _import(store, trace, quiet=as_json)
-        finally:
-            store.close()
+        totals = _import_into(db, trace, quiet=as_json)
     else:
         from collector.replay import stream_trace
         from goodlens.trace import TraceError, read_trace

@@ -27,6 +27,7 @@ from goodlens.simulate import (
     sweep,
     young_interval_s,
 )
+from tests.conftest import STRESS
 
 H, DAY = 3600.0, 86400.0
 
@@ -121,13 +122,6 @@ def assert_matches_accounting(c: SimConfig, seed: int) -> None:
         assert res.gpu_time_goodput == pytest.approx(b["gpu_time_goodput"], abs=1e-9)
 
 
-STRESS = dict(nodes=6, gpus_per_node=1, duration_s=6 * H, step_s=3.0, node_mtbf_s=6 * 0.4 * H,
-              planned_per_day=6, interval_s=240, write_s=50, snapshot_s=3, restore_s=60,
-              queue_s=200, init_s=90, warmup_s=40, detect_crash_s=20, detect_hang_s=300,
-              straggler_per_node_day=6, straggler_duration_median_s=900, memory_interval_s=60,
-              memory_stall_s=2, memory_restore_s=8, nodes_per_switch=3, spares=2,
-              evict_delay_steps=10, wide_failure_fraction=0.4, repair_s=H, shrink_max_nodes=2,
-              compute_noise_sigma=0.05)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "tiered"])

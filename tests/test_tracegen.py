@@ -22,18 +22,12 @@ from goodlens.model import EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
 from goodlens.presets import get_preset
 from goodlens.simulate import SimConfig, simulate
 from goodlens.tracegen import TraceResult, generate_trace
+from tests.conftest import STRESS
 
 H = 3600.0
 TOL = 1e-3  # of wall-clock, per bucket (the bar)
 ERRORS: dict[str, float] = {}
 
-STRESS = dict(nodes=6, gpus_per_node=1, duration_s=6 * H, step_s=3.0, node_mtbf_s=6 * 0.4 * H,
-              planned_per_day=6, interval_s=240, write_s=50, snapshot_s=3, restore_s=60,
-              queue_s=200, init_s=90, warmup_s=40, detect_crash_s=20, detect_hang_s=300,
-              straggler_per_node_day=6, straggler_duration_median_s=900, memory_interval_s=60,
-              memory_stall_s=2, memory_restore_s=8, nodes_per_switch=3, spares=2,
-              evict_delay_steps=10, wide_failure_fraction=0.4, repair_s=H, shrink_max_nodes=2,
-              compute_noise_sigma=0.05)
 #: several GPUs per node and switches of two nodes: rank, node and switch stragglers
 WIDE = dict(STRESS, nodes=8, gpus_per_node=4, nodes_per_switch=2, duration_s=3 * H,
             straggler_slowdown_median=0.3)
