@@ -222,7 +222,8 @@ def data_model_markdown() -> str:
 #: What each event kind means, and which fields it uses.
 KIND_DOCS: dict[str, str] = {
     "attempt_start": "a new incarnation of the job started; `world_size` at launch",
-    "attempt_end": "an attempt ended; `cause`: completed, failed, preempted, resized",
+    "attempt_end": "an attempt ended; `cause`: completed, failed, preempted, resized (none: a "
+                   "clean end)",
     "init_start": "initialisation began (process group, model, data loader)",
     "init_end": "initialisation finished",
     "ckpt_save_start": "a checkpoint save began (`step`, `tier`); training blocked from here",
