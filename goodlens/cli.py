@@ -450,6 +450,56 @@ def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
                    f"{100 * trace_note['truth']['goodput']:.1f}%, in ground_truth.json)")
 
 
+@main.command()
+@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Store file (no collector may hold it).")
+@click.option("--run", "run_id", required=True, help="Run id.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
+def detect(db: str, run_id: str, as_json: bool) -> None:
+    """Find persistent stragglers in a stored run: ranks, hosts or switches slower than the
+    rest, from which step, by how much, what they cost, and whether to evict them.
+    """
+    import dataclasses
+
+    from detectors.stragglers import Topology, detect_stragglers
+    store = _open_store(db)
+    try:
+        info = store.run(run_id)
+        if info is None:
+            raise click.ClickException(f"no run {run_id!r} in {db}; see `goodlens runs`")
+        steps = store.steps(run_id)
+    finally:
+        store.close()
+    tags = info.get("tags")
+    try:
+        tags = json.loads(tags) if isinstance(tags, str) else {}
+    except ValueError:
+        tags = {}
+    per_switch = tags.get("nodes_per_switch") if isinstance(tags, dict) else None
+    topology = None
+    if len(steps) and steps.host.notna().all():
+        hosts = steps.groupby("rank").host.first()
+        full = [hosts.get(r, f"rank-{r}") for r in range(int(steps["rank"].max()) + 1)]
+        topology = Topology.from_hosts(full, int(per_switch) if per_switch else None)
+    found = detect_stragglers(steps, topology=topology) if len(steps) else []
+    rows = [{k: _clean(v) for k, v in dataclasses.asdict(f).items()} for f in found]
+    if as_json:
+        _echo_json({"run": run_id, "findings": rows})
+        return
+    if not rows:
+        click.echo(f"run {run_id}: no persistent straggler found")
+        return
+    for r in rows:
+        r["subject"] = f"{r['subject_kind']} {r['subject_id']}"
+        r["slow"] = f"{100 * r['slowdown']:.1f}%"
+        r["cost"] = format_duration(r["straggler_wait_s"])
+        r["per_h"] = format_duration(r["wait_per_hour_s"])
+    click.echo(table(rows, [("subject", "subject"), ("first_step", "from step"),
+                            ("detected_step", "detected at"), ("slow", "slowdown"),
+                            ("cost", "wait so far"), ("per_h", "wait per hour"),
+                            ("action", "action")]))
+
+
 def _import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
     """Open (or create) the store file, import the trace, close."""
     os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)

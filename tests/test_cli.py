@@ -22,7 +22,7 @@ def run(*args: str, ok: bool = True):
 
 
 @pytest.mark.parametrize("cmd", [[], ["serve"], ["runs"], ["import"], ["export"], ["report"],
-                                 ["replay"], ["simulate"]])
+                                 ["detect"], ["replay"], ["simulate"]])
 def test_every_command_has_help(cmd):
     out = run(*cmd, "--help").output
     assert "Usage:" in out and len(out.splitlines()) > 4
@@ -203,3 +203,15 @@ def test_simulate_out_writes_a_trace_that_reports_its_ground_truth(tmp_path):
             "wall_clock_s"])
     r = run("simulate", "--preset", "llama3-16k", "--out", str(tmp_path / "big"), ok=False)
     assert r.exit_code == 2 and "--max-rows" in r.output
+
+
+def test_detect_finds_the_planted_straggler_of_the_demo(tmp_path):
+    db = str(tmp_path / "d.duckdb")
+    run("import", SAMPLE, "--db", db)
+    found = json.loads(run("detect", "--db", db, "--run", "demo-8x", "--json").output)
+    [f] = found["findings"]  # rank 5, 10% slower from step 150, and nothing else
+    assert (f["subject_kind"], f["subject_id"]) == ("rank", 5)
+    assert 140 <= f["first_step"] <= 160 and f["detected_step"] <= 180
+    assert f["slowdown"] == pytest.approx(0.10, abs=0.03) and f["action"] == "evict"
+    assert "rank 5" in run("detect", "--db", db, "--run", "demo-8x").output
+    assert "no run 'x'" in run("detect", "--db", db, "--run", "x", ok=False).output
