@@ -33,9 +33,10 @@ class GoodlensCollector(Collector):
     """Per-run progress and step-time quantiles, plus the collector's own health."""
 
     def __init__(self, store: Store, writer: Writer | None = None, window_steps: int = 100,
-                 accounting_ttl_s: float = 10.0) -> None:
+                 accounting_ttl_s: float = 10.0, detection: Any = None) -> None:
         self.store = store
         self.writer = writer
+        self.detection = detection
         self.window_steps = window_steps
         self.accounting_ttl_s = accounting_ttl_s
         self._acc_cache: dict[str, tuple[float, Any]] = {}
@@ -44,6 +45,8 @@ class GoodlensCollector(Collector):
         """Called by prometheus_client on every scrape."""
         yield from self._runs()
         yield from self._goodput()
+        if self.detection is not None:
+            yield from self._stragglers(self.detection.flagged())
         if self.writer is not None:
             yield from self._self_metrics(self.writer)
 
@@ -111,6 +114,24 @@ class GoodlensCollector(Collector):
                 part.add_metric([run_id, name], v)
         yield from (ratio, gpu, wall, bad, part)
 
+    def _stragglers(self, flagged: dict) -> Iterator[Metric]:
+        """Series only for flagged subjects (a bounded set), never one per rank."""
+        count = GaugeMetricFamily("goodlens_run_ranks_flagged", "Ranks covered by straggler "
+                                  "findings", labels=["run"])
+        slow = GaugeMetricFamily("goodlens_straggler_slowdown_ratio", "Estimated slowdown of "
+                                 "each flagged rank, host or switch",
+                                 labels=["run", "kind", "subject", "action"])
+        cost = GaugeMetricFamily("goodlens_straggler_wait_per_hour_seconds", "Wait a flagged "
+                                 "subject costs per hour if left alone",
+                                 labels=["run", "kind", "subject"])
+        for run_id, findings in flagged.items():
+            count.add_metric([run_id], float(len({r for f in findings for r in f.ranks})))
+            latest = {(f.subject_kind, str(f.subject_id)): f for f in findings}  # per subject
+            for f in latest.values():
+                slow.add_metric([run_id, f.subject_kind, str(f.subject_id), f.action], f.slowdown)
+                cost.add_metric([run_id, f.subject_kind, str(f.subject_id)], f.wait_per_hour_s)
+        yield from (count, slow, cost)
+
     def _self_metrics(self, writer: Writer) -> Iterator[Metric]:
         st = writer.stats
         with st.lock:
@@ -148,8 +169,9 @@ class GoodlensCollector(Collector):
         yield from (rows, dup, rej, batches, dropped, depth, lat, summ)
 
 
-def make_registry(store: Store, writer: Writer | None = None) -> CollectorRegistry:
+def make_registry(store: Store, writer: Writer | None = None,
+                  detection: Any = None) -> CollectorRegistry:
     """A fresh registry holding the goodlens collector (and nothing process-global)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GoodlensCollector(store, writer))
+    registry.register(GoodlensCollector(store, writer, detection=detection))
     return registry

@@ -72,6 +72,10 @@ class ServerConfig:
     """How often dirty step ranges are re-summarised."""
     memory_limit: str | None = "2GB"
     """DuckDB's memory limit (its buffer cache otherwise grows towards 80% of RAM)."""
+    detect: bool = True
+    """Run the straggler detector over live runs (findings as events and on /metrics)."""
+    webhook: str | None = None
+    """URL that receives each straggler finding once, as a JSON POST (a launcher evicts)."""
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -115,9 +119,10 @@ def records(df: Any) -> list[dict[str, Any]]:
     return out
 
 
-def create_app(store: Store, writer: Writer, config: ServerConfig) -> Starlette:
+def create_app(store: Store, writer: Writer, config: ServerConfig,
+               detection: Any = None) -> Starlette:
     """The collector's ASGI app over an open store and a started writer."""
-    registry = make_registry(store, writer)
+    registry = make_registry(store, writer, detection)
     token = config.token.encode() if config.token else None
     started = time.time()
 
@@ -261,7 +266,11 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -
     store = Store(config.db, memory_limit=config.memory_limit)
     writer = Writer(store, max_queue_rows=config.max_queue_rows,
                     summarize_interval_s=config.summarize_interval_s).start()
-    app = create_app(store, writer, config)
+    detection = None
+    if config.detect:
+        from collector.detection import DetectionService
+        detection = DetectionService(store, writer, webhook=config.webhook).start()
+    app = create_app(store, writer, config, detection)
     uconfig = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                              access_log=False, lifespan="off", timeout_graceful_shutdown=10)
     server = uvicorn.Server(uconfig)
@@ -271,6 +280,8 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -
         else:
             asyncio.run(_serve_and_report(server, ready))
     finally:
+        if detection is not None:
+            detection.stop()
         writer.stop()
         with contextlib.suppress(Exception):
             store.close()

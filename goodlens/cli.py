@@ -122,14 +122,18 @@ def main() -> None:
               help="How often per-step summaries catch up with new rows (e.g. 500ms, 2s).")
 @click.option("--memory-limit", default="2GB", show_default=True,
               help="DuckDB memory limit for the store (its cache otherwise grows with the data).")
+@click.option("--detect/--no-detect", default=True, show_default=True,
+              help="Run the straggler detector over live runs.")
+@click.option("--webhook", help="URL that receives each straggler finding once (JSON POST), "
+                                "e.g. a launcher that evicts.")
 @click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Trace folder to import before serving (repeatable; importing twice adds "
                    "nothing).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(db: str, host: str, port: int, token: str | None, max_body: int,
-          max_queue_rows: int, summarize_every: float, memory_limit: str,
-          loads: tuple[str, ...], log_level: str) -> None:
+          max_queue_rows: int, summarize_every: float, memory_limit: str, detect: bool,
+          webhook: str | None, loads: tuple[str, ...], log_level: str) -> None:
     """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz.
 
     One process owns the DuckDB file (DuckDB lets no other process open it meanwhile);
@@ -141,7 +145,8 @@ def serve(db: str, host: str, port: int, token: str | None, max_body: int,
     try:
         config = ServerConfig(db=db, host=host, port=port, token=token,
                               max_body_bytes=max_body, max_queue_rows=max_queue_rows,
-                              memory_limit=memory_limit, summarize_interval_s=summarize_every)
+                              memory_limit=memory_limit, summarize_interval_s=summarize_every,
+                              detect=detect, webhook=webhook)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     Path(db).parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ class EventKind(enum.StrEnum):
     CUSTOM_BEGIN = "custom_begin"
     CUSTOM_END = "custom_end"
     HEARTBEAT = "heartbeat"
+    STRAGGLER_FLAGGED = "straggler_flagged"
 
 
 EVENT_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
@@ -239,6 +240,9 @@ KIND_DOCS: dict[str, str] = {
     "custom_begin": "a user-labelled interval began (`label`)",
     "custom_end": "the user-labelled interval with the same `label` ended",
     "heartbeat": "the rank's process is alive; `step` is the last step it recorded",
+    "straggler_flagged": "the collector's detector flagged a persistent straggler (`label` "
+                         "kind:subject, `rank` or `host`, `step` its first step, `detail` the "
+                         "finding as JSON)",
 }
 
 
