@@ -13,6 +13,13 @@ and acts on what they find, so a launcher can evict a slow node while the run go
 
 A step is processed once a later step has been summarised (its ranks have reported); ranks
 still missing then are treated as not reporting (NaN), which the detector tolerates.
+
+Hangs: for a run whose latest attempt has not ended and whose data is live (its last step
+less than ``live_window_s`` ago), a :class:`~detectors.hangs.HangDetector` watches each rank's
+step ends against an adaptive timeout; when every rank has gone silent (a hung collective
+stops them all) the service records ``failure_detected`` with cause ``hang``, once per
+attempt, and pushes it like a straggler finding. Heartbeats do not count as progress: the
+exporter's background thread keeps sending them while the training thread is stuck.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import numpy as np
 from collector.ingest import validate_batch
 from collector.store import Store
 from collector.writer import Writer
+from detectors.hangs import HangConfig, HangDetector, HangFinding
 from detectors.stragglers import Finding, StragglerConfig, StragglerDetector, Topology
 from goodlens.model import SCHEMA_VERSION
 
@@ -41,7 +49,8 @@ class DetectionService:
 
     def __init__(self, store: Store, writer: Writer | None, *, interval_s: float = 2.0,
                  config: StragglerConfig | None = None, webhook: str | None = None,
-                 callback: Callable[[str, Finding], None] | None = None) -> None:
+                 callback: Callable[[str, Any], None] | None = None,
+                 hang_config: HangConfig | None = None, live_window_s: float = 3600.0) -> None:
         self.store = store
         self.writer = writer
         self.interval_s = interval_s
@@ -50,7 +59,11 @@ class DetectionService:
         self.callback = callback
         self.findings: dict[str, list[Finding]] = {}
         """Findings so far, per run (read by /metrics)."""
+        self.hang_config = hang_config or HangConfig()
+        self.live_window_s = live_window_s
         self._state: dict[tuple[str, int], tuple[StragglerDetector, int]] = {}
+        self._hangs: dict[tuple[str, int], HangDetector] = {}
+        self._hung: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="goodlens-detection",
@@ -79,19 +92,37 @@ class DetectionService:
             except Exception:  # the service must outlive one bad pass
                 log.exception("detection pass failed")
 
-    def poll_once(self) -> list[tuple[str, Finding]]:
-        """One pass over every run's newly completed steps; returns the new findings."""
-        new: list[tuple[str, Finding]] = []
+    def poll_once(self, now: float | None = None) -> list[tuple[str, Any]]:
+        """One pass over every run's newly completed steps (and, for live runs, a hang
+        check at ``now``, default the wall clock); returns the new findings."""
+        import time
+        now = time.time() if now is None else now
+        new: list[tuple[str, Any]] = []
         runs = self.store.runs()
-        for run_id, tags in zip(runs.run_id, runs.tags):
+        for run_id, tags, state in zip(runs.run_id, runs.tags, runs.state):
             summaries = self.store.step_summaries(run_id)
             if not len(summaries):
                 continue
             for attempt, s in summaries.groupby("attempt"):
                 new += [(run_id, f) for f in self._advance(run_id, int(attempt), s, tags)]
+            latest = int(summaries.attempt.max())
+            if state == "running":
+                new += [(run_id, h) for h in self._check_hang(run_id, latest, now)]
         for run_id, f in new:
             self._publish(run_id, f)
         return new
+
+    def _check_hang(self, run_id: str, attempt: int, now: float) -> list[HangFinding]:
+        hd = self._hangs.get((run_id, attempt))
+        if hd is None or (run_id, attempt) in self._hung:
+            return []
+        last = hd.last_report
+        if last is None or now - last > self.live_window_s:  # a replay or a stale run
+            return []
+        found = [h for h in hd.check(now) if h.subject_kind == "job"]
+        if found:
+            self._hung.add((run_id, attempt))
+        return found
 
     def _advance(self, run_id: str, attempt: int, summaries: Any, tags: Any) -> list[Finding]:
         done_through = int(summaries.step.max()) - 1  # the newest step may still be arriving
@@ -100,6 +131,11 @@ class DetectionService:
             return []
         rows = self.store.steps(run_id, attempt=attempt, step_min=last + 1,
                                 step_max=done_through)
+        hd = self._hangs.setdefault((run_id, attempt), HangDetector(self.hang_config))
+        if len(rows):
+            ends = (rows.start_time + rows.duration_s).to_numpy()
+            for rank, t in zip(rows["rank"].to_numpy(), ends):
+                hd.observe(int(rank), float(t))
         if not len(rows) or rows.compute_s.isna().all():
             self._state[(run_id, attempt)] = (det, done_through)  # no split: nothing to score
             return []
@@ -129,10 +165,13 @@ class DetectionService:
         return Topology.from_hosts([hosts.get(r, f"rank-{r}") for r in range(n_ranks)],
                                    int(per_switch) if per_switch else None)
 
-    def _publish(self, run_id: str, f: Finding) -> None:
+    def _publish(self, run_id: str, f: Any) -> None:
+        body = dataclasses.asdict(f)
+        if isinstance(f, HangFinding):
+            self._publish_hang(run_id, f, body)
+            return
         with self._lock:
             self.findings.setdefault(run_id, []).append(f)
-        body = dataclasses.asdict(f)
         if self.writer is not None:
             source = f"detector/{f.attempt}/{f.subject_kind}/{f.subject_id}/{f.first_step}"
             event = {"source": source, "seq": [0], "kind": ["straggler_flagged"],
@@ -148,11 +187,30 @@ class DetectionService:
                                                    "run_id": run_id, "events": event}))
             except Exception:
                 log.exception("storing a finding of run %s failed", run_id)
+        self._notify(run_id, f, body)
+
+    def _publish_hang(self, run_id: str, f: HangFinding, body: dict) -> None:
+        attempt = max(a for r, a in self._hung if r == run_id)
+        log.warning("run %s attempt %d: no rank has finished a step for %.0f s (timeout "
+                    "%.0f s): recorded as a hang", run_id, attempt, f.silent_s, f.timeout_s)
+        if self.writer is not None:
+            event = {"source": f"detector/hang/{attempt}", "seq": [0],
+                     "kind": ["failure_detected"], "time": [f.last_seen + f.timeout_s],
+                     "attempt": attempt, "cause": ["hang"],
+                     "detail": [json.dumps(body, default=float)]}
+            try:
+                self.writer.submit(validate_batch({"schema_version": SCHEMA_VERSION,
+                                                   "run_id": run_id, "events": event}))
+            except Exception:
+                log.exception("storing a hang of run %s failed", run_id)
+        self._notify(run_id, f, {"kind": "hang", "attempt": attempt, **body})
+
+    def _notify(self, run_id: str, f: Any, body: dict) -> None:
         if self.callback is not None:
             try:
                 self.callback(run_id, f)
             except Exception:
-                log.exception("straggler callback failed")
+                log.exception("detection callback failed")
         if self.webhook:
             try:
                 req = urllib.request.Request(
@@ -160,7 +218,7 @@ class DetectionService:
                     .encode(), headers={"Content-Type": "application/json"}, method="POST")
                 urllib.request.urlopen(req, timeout=5).close()
             except Exception as exc:  # a launcher being down must not stop detection
-                log.warning("straggler webhook %s failed: %s", self.webhook, exc)
+                log.warning("detection webhook %s failed: %s", self.webhook, exc)
 
     def _time_of(self, run_id: str, f: Finding) -> float:
         s = self.store.step_summaries(run_id, attempt=f.attempt)

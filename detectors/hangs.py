@@ -69,6 +69,11 @@ class HangDetector:
         t = max(c.min_timeout_s, c.safety_factor * self._max_interval)
         return t if c.max_timeout_s is None else min(t, c.max_timeout_s)
 
+    @property
+    def last_report(self) -> float | None:
+        """The latest report from any rank (None before the first)."""
+        return max(self._last.values(), default=None)
+
     def observe(self, rank: int, t: float) -> None:
         """Rank ``rank`` reported (a step end or heartbeat) at time ``t`` (seconds)."""
         prev = self._last.get(rank)

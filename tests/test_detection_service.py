@@ -81,3 +81,51 @@ def test_live_collector_pushes_each_finding_once_to_the_webhook(tmp_path):
     finally:
         c.stop()
         hook.shutdown()
+
+
+def _live_run(store, run_id, now, last_step_ago, ended=False):
+    from collector.ingest import validate_batch
+    steps = list(range(40))
+    t0 = now - last_step_ago - 40
+    for r in range(4):
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": run_id,
+            "steps": {"attempt": 0, "rank": r, "host": "h0", "step": steps,
+                      "start_time": [t0 + s for s in steps], "duration_s": 1.0,
+                      "compute_s": 0.8, "collective_wait_s": 0.2}})])
+    if ended:
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": run_id,
+            "events": {"source": "l", "seq": [0], "kind": ["attempt_end"],
+                       "time": [now - last_step_ago], "attempt": 0, "cause": ["completed"]}})])
+    store.summarize_dirty()
+
+
+def test_a_live_run_that_stops_stepping_is_recorded_as_a_hang_once(tmp_path):
+    from detectors.hangs import HangConfig
+    store = Store(tmp_path / "h.duckdb")
+    writer = Writer(store).start()
+    now = time.time()
+    _live_run(store, "hung", now, last_step_ago=120)        # silent for 2 minutes
+    _live_run(store, "fine", now, last_step_ago=5)          # still stepping
+    _live_run(store, "done", now, last_step_ago=120, ended=True)  # finished cleanly
+    _live_run(store, "old", now - 10 * 86400, last_step_ago=0)    # a replay of old data
+    seen = []
+    svc = DetectionService(store, writer, hang_config=HangConfig(min_timeout_s=30.0),
+                           callback=lambda run, f: seen.append((run, f.subject_kind)))
+    try:
+        svc.poll_once(now=now)
+        assert seen == [("hung", "job")]
+        svc.poll_once(now=now + 1)
+        assert seen == [("hung", "job")]  # once
+        writer.sync()
+        ev = store.events("hung", kinds=["failure_detected"])
+        assert list(ev.cause) == ["hang"]
+        # recorded at the adaptive timeout after the last step, not at the check
+        assert ev.time.iloc[0] < now - 120 + 60
+        assert store.attempts("hung").end_reason.iloc[0] == "failed"
+        for run in ("fine", "done", "old"):
+            assert store.events(run, kinds=["failure_detected"]).empty
+    finally:
+        writer.stop()
+        store.close()
