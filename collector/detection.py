@@ -64,6 +64,7 @@ class DetectionService:
         self._state: dict[tuple[str, int], tuple[StragglerDetector, int]] = {}
         self._hangs: dict[tuple[str, int], HangDetector] = {}
         self._hung: set[tuple[str, int]] = set()
+        self._finished: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="goodlens-detection",
@@ -100,11 +101,16 @@ class DetectionService:
         new: list[tuple[str, Any]] = []
         runs = self.store.runs()
         for run_id, tags, state in zip(runs.run_id, runs.tags, runs.state):
+            if run_id in self._finished:
+                continue
             summaries = self.store.step_summaries(run_id)
             if not len(summaries):
                 continue
+            before = len(new)
             for attempt, s in summaries.groupby("attempt"):
                 new += [(run_id, f) for f in self._advance(run_id, int(attempt), s, tags)]
+            if state != "running" and len(new) == before:
+                self._finished.add(run_id)  # ended and read to its end: stop re-reading it
             latest = int(summaries.attempt.max())
             if state == "running":
                 new += [(run_id, h) for h in self._check_hang(run_id, latest, now)]
