@@ -108,7 +108,9 @@ class DetectionService:
                 continue
             before = len(new)
             for attempt, s in summaries.groupby("attempt"):
-                new += [(run_id, f) for f in self._advance(run_id, int(attempt), s, tags)]
+                new += [(run_id, f) for f in self._advance(
+                    run_id, int(attempt), s, tags,
+                    final=state != "running" or int(attempt) < int(summaries.attempt.max()))]
             if state != "running" and len(new) == before:
                 self._finished.add(run_id)  # ended and read to its end: stop re-reading it
             latest = int(summaries.attempt.max())
@@ -130,8 +132,10 @@ class DetectionService:
             self._hung.add((run_id, attempt))
         return found
 
-    def _advance(self, run_id: str, attempt: int, summaries: Any, tags: Any) -> list[Finding]:
-        done_through = int(summaries.step.max()) - 1  # the newest step may still be arriving
+    def _advance(self, run_id: str, attempt: int, summaries: Any, tags: Any,
+                 final: bool = False) -> list[Finding]:
+        # the newest step of a live attempt may still be arriving; an ended one is complete
+        done_through = int(summaries.step.max()) - (0 if final else 1)
         det, last = self._state.get((run_id, attempt), (None, -1))
         if done_through <= last:
             return []
