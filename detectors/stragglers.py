@@ -32,8 +32,10 @@ class StragglerConfig:
     drift_k_sigmas: float = 0.5
     """Lower bound of the reference value in noise units, so noisy runs keep a negative drift
     under the null (false alarms stay rare when noise is several times ``drift_k``)."""
-    threshold_h: float = 20.0
-    """CUSUM decision threshold, in noise units (robust sigmas of the log ratio)."""
+    threshold_h: float = 25.0
+    """CUSUM decision threshold, in noise units (robust sigmas of the log ratio). 25 rather
+    than 20: at 16,384 ranks, 20 let a rare cluster of tail spikes and a short burst on one
+    rank cross about once per 10^8 rank-steps (``bench/detectors.py``)."""
     scale_floor: float = 0.005
     """Floor of the robust noise scale (log units), so near-noiseless runs do not flag
     sub-percent jitter."""
@@ -186,6 +188,9 @@ class _Groups:
 class StragglerDetector:
     """Streaming detector: feed one step's per-rank compute times, get new findings back.
 
+    Per-rank state lives within one attempt: a step with a new ``attempt`` resets it (a restart
+    changes the world and restarts the step numbering from a checkpoint).
+
     ``update`` costs a few O(n_ranks) numpy passes (two medians dominate); roll-up work runs
     only while some rank is over the threshold and not yet reported."""
 
@@ -198,6 +203,27 @@ class StragglerDetector:
         self.config = config or StragglerConfig()
         self.n = n_ranks
         self.topology = topology
+        if topology is not None:
+            self._host = np.asarray(topology.rank_host[:n_ranks], np.int64)
+            self._n_hosts = int(self._host.max()) + 1
+            self._host_size = np.bincount(self._host, minlength=self._n_hosts)
+            hs = topology.host_switch
+            self._sw = None if hs is None else np.asarray(hs, np.int64)
+        self.attempt: int | None = None
+        self.reset()
+
+    def reset(self, attempt: int | None = None) -> None:
+        """Forget every rank's state (CUSUMs, baselines, flags, noise scale, history): a
+        restart changes the world and restores an older step, so state from the previous
+        attempt would be stale. ``update`` calls it when its ``attempt`` changes. Only which
+        ranks were flagged is kept: one flagged again within ``baseline_steps`` of the new
+        attempt continues its finding (no duplicate); a healthy one is forgotten."""
+        n_ranks = self.n
+        self.attempt = attempt
+        # ranks still flagged at the restart: flagged again early in the new attempt, they
+        # continue their finding rather than open a duplicate; healthy, they are forgotten
+        old = getattr(self, "flagged", None)
+        self._carried = np.zeros(n_ranks, bool) if old is None else old.copy()
         self.cross = _Cusum(n_ranks)
         self.drift = _Cusum(n_ranks)
         self.base = np.zeros(n_ranks)
@@ -211,23 +237,23 @@ class StragglerDetector:
         self.updates = 0
         self._hist = np.full((self.config.history_steps, n_ranks), np.nan)
         self._groups = _Groups()
-        if topology is not None:
-            self._host = np.asarray(topology.rank_host[:n_ranks], np.int64)
-            self._n_hosts = int(self._host.max()) + 1
-            self._host_size = np.bincount(self._host, minlength=self._n_hosts)
-            hs = topology.host_switch
-            self._sw = None if hs is None else np.asarray(hs, np.int64)
 
     # ------------------------------------------------------------------ scoring
     def update(self, step: int, compute: np.ndarray, *, step_time_s: float | None = None,
                attempt: int | None = None) -> list[Finding]:
         """Score one step (``compute[r]`` seconds, NaN where rank r did not report) and return
         the findings that are new at this step. ``step_time_s`` (the step's duration) turns the
-        wait into a per-hour figure; without it the median compute stands in for it."""
+        wait into a per-hour figure; without it the median compute stands in for it. A new
+        ``attempt`` (a restart) resets every rank's state first (see :meth:`reset`)."""
         cfg = self.config
         c = np.asarray(compute, dtype=float)
         if c.shape != (self.n,):
             raise ValueError(f"compute must have shape ({self.n},), got {c.shape}")
+        if attempt is not None and attempt != self.attempt:
+            if self.attempt is None:
+                self.attempt = attempt   # the first attempt seen: nothing stale yet
+            else:
+                self.reset(attempt)
         valid = np.isfinite(c) & (c > 0)
         vc = c[valid]
         if vc.size < cfg.min_ranks:
@@ -252,6 +278,8 @@ class StragglerDetector:
         # own-history drift: deviation from the rank's baseline (a running mean while it
         # settles, then an EWMA); no drift CUSUM until it has settled
         self.nobs += valid
+        if self._carried.any():
+            self._carried &= self.flagged | (self.nobs <= cfg.baseline_steps)
         dev = r - self.base
         settled = self.nobs > cfg.baseline_steps
         self.drift.step((dev - k) / s, np.expm1(dev), excess, valid & settled, step, cap)
@@ -284,6 +312,10 @@ class StragglerDetector:
             self.flagged |= new
             self.flag_at = np.where(new, self.updates, self.flag_at)
         ready = self.flagged & ~self.reported & (self.updates - self.flag_at >= cfg.hold_steps)
+        cont = ready & self._carried   # the previous attempt's finding goes on: no duplicate
+        if cont.any():
+            self.reported |= cont
+            ready &= ~cont
         if not ready.any():
             return []
         out: list[Finding] = []
@@ -438,16 +470,29 @@ def nvidia_rule(steps: pd.DataFrame, window_steps: int, threshold: float = 0.75
     out: list[RuleFlag] = []
     for a in np.unique(keys[:, 0]):
         rows = np.flatnonzero(keys[:, 0] == a)
-        for w0 in range(0, len(rows), window_steps):
-            sel = rows[w0:w0 + window_steps]
-            block = m[sel]
-            have = np.isfinite(block).any(axis=0)
-            if have.sum() < 2:
-                continue
-            own = np.nanmedian(block[:, have], axis=0)
-            ref = float(np.median(own))
-            score = ref / own
-            for r, sc in zip(np.flatnonzero(have)[score < threshold], score[score < threshold]):
-                out.append(RuleFlag(int(r), int(a), int(keys[sel[0], 1]), int(keys[sel[-1], 1]),
-                                    float(sc)))
+        out += nvidia_rule_matrix(m[rows], keys[rows, 1], window_steps, threshold, int(a))
+    return out
+
+
+def nvidia_rule_matrix(compute: np.ndarray, steps: np.ndarray, window_steps: int,
+                       threshold: float = 0.75, attempt: int = 0) -> list[RuleFlag]:
+    """:func:`nvidia_rule` on one attempt's steps x ranks matrix (NaN: no report), with
+    ``steps[i]`` the step number of row i; windows are consecutive runs of rows."""
+    if window_steps < 1:
+        raise ValueError("window_steps must be >= 1")
+    m = np.asarray(compute, dtype=float)
+    out: list[RuleFlag] = []
+    for w0 in range(0, len(m), window_steps):
+        block = m[w0:w0 + window_steps]
+        have = np.isfinite(block).any(axis=0)
+        if have.sum() < 2:
+            continue
+        own = (np.median(block, axis=0) if have.all() and np.isfinite(block).all()
+               else np.nanmedian(block[:, have], axis=0))
+        ref = float(np.median(own))
+        score = ref / own
+        low = score < threshold
+        for r, sc in zip(np.flatnonzero(have)[low], score[low]):
+            out.append(RuleFlag(int(r), attempt, int(steps[w0]),
+                                int(steps[min(w0 + window_steps, len(m)) - 1]), float(sc)))
     return out

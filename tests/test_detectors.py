@@ -143,6 +143,51 @@ def test_nvidia_rule_misses_ten_percent_that_cusum_catches():
     assert {f.attempt for f in ours} == {0}
 
 
+def two_attempts() -> tuple[np.ndarray, np.ndarray]:
+    """Attempt 0 runs steps 0-399; attempt 1 restarts from a checkpoint at step 300 and runs
+    300-699. Rank 7 is 20% slow from step 100 of attempt 0 until the restart and healthy
+    after; rank 5 is 6% fast in attempt 0 only (its GPU is replaced), so stale own-history
+    state would see it 6% slower than itself; rank 20 is 10% slow from step 450 of attempt 1."""
+    a0, a1 = noise(400, 64, seed=21), noise(400, 64, seed=22)
+    a0[100:, 7] *= 1.20
+    a0[:, 5] *= 0.94
+    a1[150:, 20] *= 1.10
+    return a0, a1
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_new_attempt_resets_state(batch):
+    a0, a1 = two_attempts()
+    if batch:
+        df = pd.concat([to_frame(a0), to_frame(a1).assign(attempt=1, step=lambda d: d.step + 300)])
+        fs = detect_stragglers(df.sample(frac=1.0, random_state=0))  # row order must not matter
+    else:
+        det = StragglerDetector(None, 64)
+        fs = [f for s, row in enumerate(a0) for f in det.update(s, row, attempt=0)]
+        fs += [f for s, row in enumerate(a1) for f in det.update(300 + s, row, attempt=1)]
+        assert det.attempt == 1
+    assert [(f.subject_id, f.attempt, f.kind) for f in fs] == [(7, 0, "cross"), (20, 1, "cross")]
+    f = fs[1]
+    assert abs(f.first_step - 450) <= 5 and 0 <= f.detected_step - 450 <= 30
+
+
+def test_without_reset_stale_state_would_flag():
+    """The case above is a real test: carrying attempt 0's state into attempt 1 (no attempt
+    given) flags the replaced rank 5 as drifting. With the reset, rank 7 still slow after the
+    restart continues its attempt-0 finding (one finding, not a duplicate)."""
+    a0, a1 = two_attempts()
+    a1 = a1.copy()
+    a1[:, 7] *= 1.20  # rank 7 slow again after the restart: a fresh finding with a reset
+    det = StragglerDetector(None, 64)
+    stale = [f for s, row in enumerate(np.vstack([a0, a1])) for f in det.update(s, row)]
+    assert 5 in {f.subject_id for f in stale}
+    assert [f.subject_id for f in stale].count(7) == 1
+    det = StragglerDetector(None, 64)
+    fresh = [f for s, row in enumerate(a0) for f in det.update(s, row, attempt=0)]
+    fresh += [f for s, row in enumerate(a1) for f in det.update(300 + s, row, attempt=1)]
+    assert [(f.subject_id, f.attempt) for f in fresh] == [(7, 0), (20, 1)]
+
+
 def test_config_validation():
     with pytest.raises(ValueError):
         StragglerConfig(threshold_h=0)
