@@ -5,7 +5,9 @@ and acts on what they find, so a launcher can evict a slow node while the run go
 
 - every ``interval_s`` it reads, per run and attempt, the per-rank compute of the steps that
   completed since its last pass (through the store's read API, on its own thread) and
-  updates one :class:`~detectors.stragglers.StragglerDetector` per (run, attempt);
+  updates one :class:`~detectors.stragglers.StragglerDetector` per run (it resets at each
+  new attempt; a rank still slow after a restart continues its finding, as in
+  ``goodlens detect``);
 - each new finding is stored as a ``straggler_flagged`` event (through the single writer;
   its key is derived from the finding, so a restarted collector re-finding it adds nothing),
   shown on ``/metrics`` (series only for flagged subjects: a bounded set), and pushed once
@@ -61,7 +63,8 @@ class DetectionService:
         """Findings so far, per run (read by /metrics)."""
         self.hang_config = hang_config or HangConfig()
         self.live_window_s = live_window_s
-        self._state: dict[tuple[str, int], tuple[StragglerDetector, int]] = {}
+        self._state: dict[tuple[str, int], int] = {}  # last step read per (run, attempt)
+        self._detectors: dict[str, StragglerDetector] = {}  # one per run, reset per attempt
         self._hangs: dict[tuple[str, int], HangDetector] = {}
         self._hung: set[tuple[str, int]] = set()
         self._finished: set[str] = set()
@@ -136,9 +139,10 @@ class DetectionService:
                  final: bool = False) -> list[Finding]:
         # the newest step of a live attempt may still be arriving; an ended one is complete
         done_through = int(summaries.step.max()) - (0 if final else 1)
-        det, last = self._state.get((run_id, attempt), (None, -1))
+        last = self._state.get((run_id, attempt), -1)
         if done_through <= last:
             return []
+        det = self._detectors.get(run_id)
         rows = self.store.steps(run_id, attempt=attempt, step_min=last + 1,
                                 step_max=done_through)
         hd = self._hangs.setdefault((run_id, attempt), HangDetector(self.hang_config))
@@ -147,11 +151,12 @@ class DetectionService:
             for rank, t in zip(rows["rank"].to_numpy(), ends):
                 hd.observe(int(rank), float(t))
         if not len(rows) or rows.compute_s.isna().all():
-            self._state[(run_id, attempt)] = (det, done_through)  # no split: nothing to score
+            self._state[(run_id, attempt)] = done_through  # no split: nothing to score
             return []
         n_ranks = int(rows["rank"].max()) + 1
         if det is None or n_ranks > det.n:
-            det = StragglerDetector(self.config, n_ranks, self._topology(rows, n_ranks, tags))
+            det = self._detectors[run_id] = StragglerDetector(
+                self.config, n_ranks, self._topology(rows, n_ranks, tags))
         found: list[Finding] = []
         dur = dict(zip(summaries.step, summaries.duration_median))
         for step, g in rows.groupby("step", sort=True):
@@ -159,7 +164,7 @@ class DetectionService:
             compute[g["rank"].to_numpy()] = g.compute_s.to_numpy(dtype=float)
             found += det.update(int(step), compute, step_time_s=dur.get(step),
                                 attempt=attempt)
-        self._state[(run_id, attempt)] = (det, done_through)
+        self._state[(run_id, attempt)] = done_through
         return found
 
     @staticmethod
