@@ -175,10 +175,9 @@ class DetectionService:
             meta = json.loads(tags) if isinstance(tags, str) else {}
         except ValueError:
             meta = {}
-        per_switch = meta.get("nodes_per_switch") if isinstance(meta, dict) else None
         hosts = rows.groupby("rank").host.first()
-        return Topology.from_hosts([hosts.get(r, f"rank-{r}") for r in range(n_ranks)],
-                                   int(per_switch) if per_switch else None)
+        return Topology.from_run([hosts.get(r, f"rank-{r}") for r in range(n_ranks)],
+                                 meta if isinstance(meta, dict) else {})
 
     def _publish(self, run_id: str, f: Any) -> None:
         body = dataclasses.asdict(f)

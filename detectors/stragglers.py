@@ -13,8 +13,9 @@ finding. Pure statistics: arrays or a frame in, :class:`Finding` dataclasses out
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -119,6 +120,22 @@ class Topology:
                 raise ValueError("nodes_per_switch must be >= 1")
             sw = np.arange(len(names), dtype=np.int64) // nodes_per_switch
         return cls(idx, tuple(names), sw)
+
+    @classmethod
+    def from_run(cls, rank_hosts: Sequence[str], tags: Mapping[str, Any] | None) -> Topology:
+        """From each rank's host and the run's tags: an explicit map
+        ``{"switch_of_host": {"node-0007": "leaf-3", ...}}`` (the topology map), else
+        ``{"nodes_per_switch": k}``, else hosts only (no switch roll-up)."""
+        tags = tags or {}
+        explicit = tags.get("switch_of_host")
+        if isinstance(explicit, Mapping) and explicit:
+            topo = cls.from_hosts(rank_hosts)
+            switches: dict[str, int] = {}
+            sw = np.array([switches.setdefault(str(explicit.get(h, f"?{h}")), len(switches))
+                           for h in topo.host_names], np.int64)
+            return cls(topo.rank_host, topo.host_names, sw)
+        per = tags.get("nodes_per_switch")
+        return cls.from_hosts(rank_hosts, int(per) if per else None)
 
 
 @dataclass

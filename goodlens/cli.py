@@ -475,17 +475,15 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
         steps = store.steps(run_id)
     finally:
         store.close()
-    tags = info.get("tags")
     try:
-        tags = json.loads(tags) if isinstance(tags, str) else {}
+        tags = json.loads(info["tags"]) if isinstance(info.get("tags"), str) else {}
     except ValueError:
         tags = {}
-    per_switch = tags.get("nodes_per_switch") if isinstance(tags, dict) else None
     topology = None
     if len(steps) and steps.host.notna().all():
         hosts = steps.groupby("rank").host.first()
         full = [hosts.get(r, f"rank-{r}") for r in range(int(steps["rank"].max()) + 1)]
-        topology = Topology.from_hosts(full, int(per_switch) if per_switch else None)
+        topology = Topology.from_run(full, tags if isinstance(tags, dict) else {})
     found = detect_stragglers(steps, topology=topology) if len(steps) else []
     rows = [{k: _clean(v) for k, v in dataclasses.asdict(f).items()} for f in found]
     if as_json:

@@ -253,3 +253,42 @@ def test_hang_floor_and_validation():
     assert det.check(62.0)[0].subject_kind == "job"
     with pytest.raises(ValueError):
         HangConfig(safety_factor=0.5)
+
+
+# ---------------------------------------------------------------- properties and topology map
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), ranks=st.integers(8, 256),
+       sigma=st.floats(0.005, 0.02), factors=st.lists(st.floats(0.5, 2.0), min_size=1,
+                                                      max_size=4))
+def test_property_slowing_every_rank_equally_flags_nothing(seed, ranks, sigma, factors):
+    from detectors.stragglers import StragglerDetector
+    rng = np.random.default_rng(seed)
+    det = StragglerDetector(StragglerConfig(), ranks)
+    steps = 300
+    level = np.repeat(factors, -(-steps // len(factors)))[:steps]  # jumps shared by all ranks
+    found = []
+    for s in range(steps):
+        compute = 0.8 * level[s] * np.exp(sigma * rng.standard_normal(ranks))
+        found += det.update(s, compute)
+    assert found == []
+
+
+def test_an_explicit_topology_map_rolls_ranks_up_to_their_switch():
+    from detectors.stragglers import StragglerDetector, Topology
+    hosts = [f"node-{r // 4}" for r in range(32)]  # 8 hosts of 4 ranks
+    leaf = {f"node-{h}": ("leaf-a" if h in (1, 4, 6) else f"leaf-{h}") for h in range(8)}
+    topo = Topology.from_run(hosts, {"switch_of_host": leaf})
+    rng = np.random.default_rng(3)
+    det = StragglerDetector(StragglerConfig(), 32, topo)
+    slow = [r for r in range(32) if r // 4 in (1, 4, 6)]  # the ranks behind leaf-a
+    found = []
+    for s in range(200):
+        compute = 0.8 * np.exp(0.01 * rng.standard_normal(32))
+        if s >= 50:
+            compute[slow] *= 1.15
+        found += det.update(s, compute)
+    assert [(f.subject_kind, sorted(f.ranks)) for f in found] == [("switch", slow)]
