@@ -600,5 +600,7 @@ def export(db: str, run_ids: tuple[str, ...], out: str) -> None:
     click.echo(f"wrote {path}")
 
 
+from goodlens import cli_plan  # noqa: E402, F401  (registers the `goodlens plan` commands)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -64,7 +64,8 @@ class Measured:
         verb = "recovered" if (self.gain_points or 0) > 0 else "changed"
         return (f"checkpointing every {_minutes(self.best_interval_s)} instead of "
                 f"{_minutes(self.interval_s)} would have {verb} {self.gain_points:.1f} points "
-                f"of goodput, {self.gain_gpu_hours:,.0f} GPU-hours")
+                f"of goodput, {self.gain_gpu_hours:,.{0 if self.gain_gpu_hours >= 10 else 2}f} "
+                "GPU-hours")
 
 
 def _minutes(s: float) -> str:

@@ -22,7 +22,9 @@ def run(*args: str, ok: bool = True):
 
 
 @pytest.mark.parametrize("cmd", [[], ["serve"], ["runs"], ["import"], ["export"], ["report"],
-                                 ["detect"], ["replay"], ["simulate"]])
+                                 ["detect"], ["replay"], ["simulate"], ["plan"],
+                                 ["plan", "interval"], ["plan", "checkpoint"],
+                                 ["plan", "elastic"], ["plan", "spares"]])
 def test_every_command_has_help(cmd):
     out = run(*cmd, "--help").output
     assert "Usage:" in out and len(out.splitlines()) > 4
@@ -215,3 +217,38 @@ def test_detect_finds_the_planted_straggler_of_the_demo(tmp_path):
     assert f["slowdown"] == pytest.approx(0.10, abs=0.03) and f["action"] == "evict"
     assert "rank 5" in run("detect", "--db", db, "--run", "demo-8x").output
     assert "no run 'x'" in run("detect", "--db", db, "--run", "x", ok=False).output
+
+
+def test_plan_interval_json_and_input_errors():
+    p = json.loads(run("plan", "interval", "--checkpoint-cost", "5m", "--mtbf", "24h",
+                       "--json").output)
+    # Young: sqrt(2 x 300 s x 86,400 s) = 7,200 s
+    assert p["young_interval_s"] == pytest.approx(7200.0)
+    assert p["young_interval_s"] > p["daly_interval_s"] > 0
+    r = run("plan", "interval", "--checkpoint-cost", "-5m", "--mtbf", "24h", ok=False)
+    assert r.exit_code == 2 and "not a duration" in r.output
+    r = run("plan", "interval", "--checkpoint-cost", "30h", "--mtbf", "24h", ok=False)
+    assert r.exit_code == 2 and "checkpoint" in r.output
+
+
+def test_plan_checkpoint_elastic_spares_and_measured(tmp_path):
+    c = json.loads(run("plan", "checkpoint", "--params", "70e9", "--gpus", "1024",
+                       "--storage-bw", "100GB/s", "--json").output)
+    assert c["size_bytes"] == pytest.approx(70e9 * 16)  # mixed-precision Adam, 16 B/param
+    assert c["sync_stall_s"] == pytest.approx(1.12e12 / 100e9)  # storage-bound: 11.2 s
+    e = json.loads(run("plan", "elastic", "--nodes", "16", "--lost", "2", "--micro-batch",
+                       "4", "--global-batch", "512", "--json").output)
+    assert e["global_batch"] == 512 and e["recommendation"] in ("shrink", "spare", "restart")
+    r = run("plan", "elastic", "--nodes", "4", "--lost", "4", "--micro-batch", "1",
+            "--global-batch", "8", ok=False)
+    assert r.exit_code == 2 and "lost" in r.output
+    sp = json.loads(run("plan", "spares", "--nodes", "2048", "--node-mtbf", "250d",
+                        "--json").output)
+    assert sp["best_spares"] >= 1
+    db = str(tmp_path / "m.duckdb")
+    run("import", SAMPLE, "--db", db)
+    m = json.loads(run("plan", "--db", db, "--run", "demo-8x", "--json").output)
+    assert m["failures"] == 1 and m["checkpoints"] == 5
+    assert m["checkpoint_stall_s"] == pytest.approx(6.0, abs=0.05)
+    assert "instead of" in m["summary"]
+    assert "measured mode needs both" in run("plan", "--db", db, ok=False).output
