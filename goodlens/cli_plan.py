@@ -96,16 +96,30 @@ def plan(ctx: click.Context, db: str | None, run_id: str | None, as_json: bool) 
               help="The whole job's mean time between failures (node MTBF / nodes).")
 @click.option("--restart-cost", type=Duration(), default="0s", show_default=True,
               help="Detection, queue, init, restore and warm-up per failure.")
+@click.option("--memory-stall", type=Duration(),
+              help="Tiered: stall of an in-memory peer copy; plans a fast and a durable tier.")
+@click.option("--memory-survives", type=click.FloatRange(0, 1), default=0.9, show_default=True,
+              help="Tiered: share of failures the peer copy survives (single-node losses).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def plan_interval(checkpoint_cost: float, mtbf: float, restart_cost: float,
-                  as_json: bool) -> None:
+                  memory_stall: float | None, memory_survives: float, as_json: bool) -> None:
     """The checkpoint interval: Young's sqrt(2 C M), Daly's, and the first-order optimum
-    with the goodput expected at each."""
-    from goodlens.planner import interval_plan
+    with the goodput expected at each; with --memory-stall, the best pair of intervals for
+    an in-memory peer tier and the durable tier."""
+    from goodlens.planner import interval_plan, tiered_plan
     try:
         p = interval_plan(checkpoint_cost, mtbf, restart_cost_s=restart_cost)
+        tp = (tiered_plan(memory_stall, checkpoint_cost, mtbf, memory_survives,
+                          restart_cost_s=restart_cost) if memory_stall is not None else None)
     except ValueError as exc:
         _fail(exc)
+    if tp is not None:
+        text = (f"tiered: memory copy every {format_duration(tp.memory_interval_s)}, durable "
+                f"every {format_duration(tp.durable_interval_s)}: expected goodput "
+                f"{100 * tp.goodput:.2f}% (single tier at its best: "
+                f"{100 * tp.single_tier_goodput:.2f}%)")
+        _out({"single_tier": _plain(p), "tiered": _plain(tp)}, as_json, text)
+        return
     rows = [{"what": name, "i": format_duration(v),
              "g": f"{100 * p.expected_goodput(v):.2f}%"}
             for name, v in (("Young", p.young_interval_s), ("Daly", p.daly_interval_s),

@@ -225,6 +225,10 @@ def test_plan_interval_json_and_input_errors():
     # Young: sqrt(2 x 300 s x 86,400 s) = 7,200 s
     assert p["young_interval_s"] == pytest.approx(7200.0)
     assert p["young_interval_s"] > p["daly_interval_s"] > 0
+    t = json.loads(run("plan", "interval", "--checkpoint-cost", "5m", "--mtbf", "6h",
+                       "--memory-stall", "5s", "--memory-survives", "0.9", "--json").output)
+    assert t["tiered"]["goodput"] > t["tiered"]["single_tier_goodput"]  # the fast tier pays
+    assert t["tiered"]["memory_interval_s"] < t["tiered"]["durable_interval_s"]
     r = run("plan", "interval", "--checkpoint-cost", "-5m", "--mtbf", "24h", ok=False)
     assert r.exit_code == 2 and "not a duration" in r.output
     r = run("plan", "interval", "--checkpoint-cost", "30h", "--mtbf", "24h", ok=False)
