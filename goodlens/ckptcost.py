@@ -24,8 +24,9 @@ grads, fp32 master weights and two moments), so 70B params is 1.12 TB.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from goodlens.units import require_number
 
 DAY = 86400.0
 
@@ -40,13 +41,7 @@ BYTES_PER_PARAM: dict[str, float] = {"mixed-adam": 16.0, "fp32-adam": 12.0, "sgd
 
 def _pos(owner: str, name: str, v: object, *, zero_ok: bool = False,
          integer: bool = False) -> None:
-    """Raise ValueError naming ``owner.name`` unless ``v`` is a finite number > 0 (>= 0)."""
-    ok = (not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
-          and (v >= 0 if zero_ok else v > 0) and (not integer or isinstance(v, int)))
-    if not ok:
-        what = "an integer" if integer else "a finite number"
-        raise ValueError(f"{owner}.{name} must be {what} {'>= 0' if zero_ok else '> 0'} "
-                         f"(got {v!r})")
+    require_number(f"{owner}.{name}", v, zero_ok=zero_ok, integer=integer)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from goodlens.simulate import daly_interval_s, young_interval_s
+from goodlens.units import require_number
 
 DAY = 86400.0
 __all__ = ["ElasticPlan", "IntervalPlan", "SparesPlan", "TieredPlan", "elastic_plan",
@@ -29,16 +30,7 @@ __all__ = ["ElasticPlan", "IntervalPlan", "SparesPlan", "TieredPlan", "elastic_p
 
 def _num(fn: str, name: str, v: object, *, zero_ok: bool = False, integer: bool = False,
          upper: tuple[str, float] | None = None) -> None:
-    """Raise ValueError naming ``fn``'s input ``name`` unless it is a finite number > 0
-    (>= 0 with ``zero_ok``), an int when ``integer``, and < ``upper``'s value if given."""
-    ok = (not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
-          and (v >= 0 if zero_ok else v > 0) and (not integer or isinstance(v, int)))
-    if not ok:
-        what = "an integer" if integer else "a finite number"
-        raise ValueError(f"{fn}: {name} must be {what} {'>= 0' if zero_ok else '> 0'} "
-                         f"(got {v!r})")
-    if upper is not None and not v < upper[1]:  # type: ignore[operator]
-        raise ValueError(f"{fn}: {name} must be < {upper[0]} (got {v!r} >= {upper[1]!r})")
+    require_number(f"{fn}: {name}", v, zero_ok=zero_ok, integer=integer, upper=upper)
 
 
 def _golden_max(f: Callable[[float], float], lo: float, hi: float, iters: int = 200) -> float:

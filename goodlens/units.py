@@ -89,3 +89,17 @@ def _is_number(s: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def require_number(label: str, v: object, *, zero_ok: bool = False, integer: bool = False,
+                   upper: tuple[str, float] | None = None) -> None:
+    """Raise ValueError naming ``label`` (``"Spec.field"``, ``"fn: input"``) unless ``v`` is
+    a finite number > 0 (>= 0 with ``zero_ok``), an int when ``integer``, and below
+    ``upper``'s value if given. Shared by the planners' input checks."""
+    ok = (not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
+          and (v >= 0 if zero_ok else v > 0) and (not integer or isinstance(v, int)))
+    if not ok:
+        what = "an integer" if integer else "a finite number"
+        raise ValueError(f"{label} must be {what} {'>= 0' if zero_ok else '> 0'} (got {v!r})")
+    if upper is not None and not v < upper[1]:  # type: ignore[operator]
+        raise ValueError(f"{label} must be < {upper[0]} (got {v!r} >= {upper[1]!r})")
