@@ -57,6 +57,7 @@ bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/collector_memory.py
 	$(BIN)/python bench/accounting.py
 	$(BIN)/python bench/simulate.py
+	$(BIN)/python bench/detectors.py
 
 sample-data: $(VENV)/.stamp-run
 	$(BIN)/python sample_data/generate.py
