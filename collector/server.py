@@ -76,6 +76,8 @@ class ServerConfig:
     """Run the straggler detector over live runs (findings as events and on /metrics)."""
     webhook: str | None = None
     """URL that receives each straggler finding once, as a JSON POST (a launcher evicts)."""
+    hang_floor_s: float = 60.0
+    """Shortest hang timeout (the adaptive timeout is 3x the longest step interval seen)."""
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -269,7 +271,10 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -
     detection = None
     if config.detect:
         from collector.detection import DetectionService
-        detection = DetectionService(store, writer, webhook=config.webhook).start()
+        from detectors.hangs import HangConfig
+        detection = DetectionService(store, writer, webhook=config.webhook,
+                                     hang_config=HangConfig(min_timeout_s=config.hang_floor_s)
+                                     ).start()
     app = create_app(store, writer, config, detection)
     uconfig = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                              access_log=False, lifespan="off", timeout_graceful_shutdown=10)

@@ -126,6 +126,8 @@ def main() -> None:
               help="Run the straggler detector over live runs.")
 @click.option("--webhook", help="URL that receives each straggler finding once (JSON POST), "
                                 "e.g. a launcher that evicts.")
+@click.option("--hang-floor", type=Duration(), default="60s", show_default=True,
+              help="Shortest hang timeout; the timeout adapts to 3x the longest step interval.")
 @click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Trace folder to import before serving (repeatable; importing twice adds "
                    "nothing).")
@@ -133,7 +135,8 @@ def main() -> None:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(db: str, host: str, port: int, token: str | None, max_body: int,
           max_queue_rows: int, summarize_every: float, memory_limit: str, detect: bool,
-          webhook: str | None, loads: tuple[str, ...], log_level: str) -> None:
+          webhook: str | None, hang_floor: float, loads: tuple[str, ...],
+          log_level: str) -> None:
     """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz.
 
     One process owns the DuckDB file (DuckDB lets no other process open it meanwhile);
@@ -146,7 +149,7 @@ def serve(db: str, host: str, port: int, token: str | None, max_body: int,
         config = ServerConfig(db=db, host=host, port=port, token=token,
                               max_body_bytes=max_body, max_queue_rows=max_queue_rows,
                               memory_limit=memory_limit, summarize_interval_s=summarize_every,
-                              detect=detect, webhook=webhook)
+                              detect=detect, webhook=webhook, hang_floor_s=hang_floor)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     Path(db).parent.mkdir(parents=True, exist_ok=True)
