@@ -127,3 +127,48 @@ STRESS = dict(nodes=6, gpus_per_node=1, duration_s=6 * H, step_s=3.0, node_mtbf_
               memory_stall_s=2, memory_restore_s=8, nodes_per_switch=3, spares=2,
               evict_delay_steps=10, wide_failure_fraction=0.4, repair_s=H, shrink_max_nodes=2,
               compute_noise_sigma=0.05)
+
+
+class Prometheus:
+    """A real Prometheus (Debian's package) scraping one target every second, on loopback."""
+
+    def __init__(self, tmp_path: Path, target_port: int) -> None:
+        import shutil
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.fail("prometheus is not installed; `make test` installs Debian's package")
+        self.port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: goodlens
+    static_configs:
+      - targets: ['127.0.0.1:{target_port}']
+""")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query_until(self, promql: str, accept, timeout: float = 45) -> list:
+        """Poll the HTTP API until ``accept(result)`` holds; the result ([] if never)."""
+        import urllib.parse
+        q = urllib.parse.quote(promql)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                status, body = http("GET", f"http://127.0.0.1:{self.port}/api/v1/query?query={q}",
+                                    timeout=2)
+            except OSError:
+                status, body = 0, None
+            if status == 200 and body["data"]["result"] and accept(body["data"]["result"]):
+                return body["data"]["result"]
+            time.sleep(0.5)
+        return []
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
-import urllib.parse
 
 import orjson
 import pytest
@@ -15,7 +12,7 @@ from collector.ingest import validate_batch
 from collector.metrics import make_registry
 from collector.store import Store
 from collector.writer import Writer
-from tests.conftest import free_port, http, step_batch
+from tests.conftest import Prometheus, http, step_batch
 
 
 def test_registry_values_from_a_store(tmp_path):
@@ -73,44 +70,18 @@ def test_real_prometheus_scrapes_the_collector(collector, tmp_path):
     for r in range(4):
         http("POST", collector.url + "/v1/ingest", orjson.dumps(step_batch("prom", r, [0, 1, 2])))
     collector.sync()
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"""
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: goodlens
-    static_configs:
-      - targets: ['127.0.0.1:{collector.port}']
-""")
-    proc = subprocess.Popen(
-        [_prometheus(), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = Prometheus(tmp_path, collector.port)
     try:
-        query = urllib.parse.quote('goodlens_run_ranks_reporting{run="prom"}')
-        deadline = time.monotonic() + 40
-        result = []
-        while time.monotonic() < deadline:
-            try:
-                status, body = http("GET", f"http://127.0.0.1:{port}/api/v1/query?query={query}",
-                                    timeout=2)
-            except OSError:
-                status, body = 0, None
-            if status == 200 and body["data"]["result"]:
-                result = body["data"]["result"]
-                break
-            time.sleep(0.5)
+        result = prom.query_until('goodlens_run_ranks_reporting{run="prom"}', lambda r: True,
+                                  timeout=40)
         assert result, "Prometheus never returned the series"
         assert float(result[0]["value"][1]) == 4
         assert result[0]["metric"]["job"] == "goodlens"
-        status, body = http("GET", f"http://127.0.0.1:{port}/api/v1/targets", timeout=5)
+        _, body = http("GET", f"http://127.0.0.1:{prom.port}/api/v1/targets", timeout=5)
         health = [t["health"] for t in body["data"]["activeTargets"]]
         assert health == ["up"]
     finally:
-        proc.terminate()
-        proc.wait(20)
+        prom.stop()
 
 
 def test_goodput_and_badput_per_run_match_the_report(tmp_path):

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import GOODLENS, ROOT, Collector, free_port, http
+from tests.conftest import GOODLENS, ROOT, Collector, Prometheus, http
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -123,49 +121,20 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_recompute_matches(tmp_pa
 
 
 def test_prometheus_scrapes_the_goodput_of_a_live_run(tmp_path):
-    prom = shutil.which("prometheus")
-    if prom is None:
-        pytest.fail("prometheus is not installed; `make test` installs Debian's package")
     c = Collector(tmp_path / "p.duckdb").start()
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"""
-global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: goodlens
-    static_configs:
-      - targets: ['127.0.0.1:{c.port}']
-""")
-    prom_proc = subprocess.Popen(
-        [prom, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = Prometheus(tmp_path, c.port)
     run = torchrun(tmp_path, c.url, "prom", "--steps", "1500", "--compute-ms", "10",
                    wait=False)
     try:
-        query = urllib.parse.quote('goodlens_run_goodput_ratio{run="prom"}')
-        deadline = time.monotonic() + 45
-        result: list = []
-        while time.monotonic() < deadline and not result:
-            try:
-                status, body = http("GET", f"http://127.0.0.1:{port}/api/v1/query?query={query}",
-                                    timeout=2)
-            except OSError:
-                status, body = 0, None
-            if status == 200 and body["data"]["result"]:
-                value = float(body["data"]["result"][0]["value"][1])
-                if value > 0:
-                    result = body["data"]["result"]
-            time.sleep(0.5)
+        result = prom.query_until('goodlens_run_goodput_ratio{run="prom"}',
+                                  lambda r: float(r[0]["value"][1]) > 0)
         assert result, "Prometheus never returned a positive goodput for the run"
         assert run.poll() is None, "the run ended before Prometheus scraped it live"
         assert 0 < float(result[0]["value"][1]) <= 1
         assert result[0]["metric"]["job"] == "goodlens"
     finally:
         kill_group(run)
-        prom_proc.terminate()
-        prom_proc.wait(20)
+        prom.stop()
         c.stop()
 
 
