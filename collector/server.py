@@ -16,6 +16,7 @@ Endpoints:
 - ``GET /healthz``: liveness and queue depth.
 - ``GET /v1/runs``, ``GET /v1/runs/{run_id}``: the runs overview as JSON.
 - ``GET /v1/report?run=ID&since=T&until=T``: the time accounting (as ``goodlens report``).
+- ``/`` and everything else: the dashboard (:mod:`dashboard`), unless disabled.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from collector.ingest import BatchError, decode_batch
 from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
@@ -78,6 +79,8 @@ class ServerConfig:
     """URL that receives each straggler finding once, as a JSON POST (a launcher evicts)."""
     hang_floor_s: float = 60.0
     """Shortest hang timeout (the adaptive timeout is 3x the longest step interval seen)."""
+    dashboard: bool = True
+    """Serve the dashboard at ``/`` (behind the token when one is set)."""
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -239,6 +242,10 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
+    if config.dashboard:
+        from dashboard.app import create_app as create_dashboard
+        from dashboard.asgi import dashboard_asgi
+        routes.append(Mount("/", app=dashboard_asgi(create_dashboard(store), config.token)))
     return Starlette(routes=routes)
 
 

@@ -402,7 +402,7 @@ class Store:
             cur = self._local.cur = self._con.cursor()
         return cur
 
-    def _df(self, sql: str, params: list | None = None) -> pd.DataFrame:
+    def _df(self, sql: str, params: list | dict | None = None) -> pd.DataFrame:
         return self._cursor().execute(sql, params or []).df()
 
     def runs(self) -> pd.DataFrame:
@@ -464,6 +464,62 @@ class Store:
             params += [int(r) for r in ranks]
         return self._df(f"SELECT * EXCLUDE (run_id) FROM steps WHERE {where} "
                         "ORDER BY attempt, step, rank", params)
+
+    def step_range(self, run_id: str, attempt: int) -> tuple[int, int, int] | None:
+        """``(first step, last step, ranks)`` of one attempt's summaries, None when empty."""
+        row = self._cursor().execute(
+            "SELECT min(step), max(step), max(ranks) FROM step_summaries "
+            "WHERE run_id = ? AND attempt = ?", [run_id, attempt]).fetchone()
+        return None if row is None or row[0] is None else (int(row[0]), int(row[1]),
+                                                           int(row[2] or 0))
+
+    def heatmap(self, run_id: str, attempt: int, step_min: int, step_max: int,
+                rank_bins: int, step_bins: int) -> pd.DataFrame:
+        """Per-rank compute pooled into a ``rank_bins`` x ``step_bins`` grid (for the
+        dashboard's heatmap of 16k ranks): per cell the mean and the max of each rank's
+        compute (its step time where no split was reported), the slowest rank and the cell's
+        rank and step span. Max-pooling keeps a single slow rank visible in a bin of many."""
+        n_ranks = self._cursor().execute(
+            "SELECT max(rank) + 1 FROM steps WHERE run_id = ? AND attempt = ? AND step = ?",
+            [run_id, attempt, step_min]).fetchone()[0] or 1
+        span = max(step_max - step_min + 1, 1)
+        return self._df("""
+            SELECT rank * $rb // $nr AS rbin, (step - $s0) * $sb // $span AS sbin,
+              avg(v) AS mean, max(v) AS max, arg_max(rank, v) AS worst_rank,
+              min(rank) AS rank_lo, max(rank) AS rank_hi, min(step) AS step_lo,
+              max(step) AS step_hi
+            FROM (SELECT rank, step, coalesce(compute_s, duration_s) AS v FROM steps
+                  WHERE run_id = $run AND attempt = $att AND step BETWEEN $s0 AND $s1)
+            GROUP BY ALL ORDER BY sbin, rbin""",
+            {"rb": rank_bins, "nr": max(int(n_ranks), 1), "s0": step_min, "s1": step_max,
+             "sb": step_bins, "span": span, "run": run_id, "att": attempt})
+
+    def host_compute(self, run_id: str, attempt: int, step_min: int, step_max: int
+                     ) -> pd.DataFrame:
+        """Per host over a step window: ranks, mean compute (step time where no split was
+        reported) and its slowest rank's mean (the host roll-up of the ranks view)."""
+        return self._df("""
+            WITH r AS (SELECT host, rank, avg(coalesce(compute_s, duration_s)) AS v FROM steps
+                       WHERE run_id = ? AND attempt = ? AND step BETWEEN ? AND ?
+                         AND host IS NOT NULL GROUP BY host, rank)
+            SELECT host, count(*) AS ranks, avg(v) AS mean, max(v) AS worst_rank_mean,
+              arg_max(rank, v) AS worst_rank, min(rank) AS first_rank
+            FROM r GROUP BY host ORDER BY first_rank""", [run_id, attempt, step_min, step_max])
+
+    def rank_hosts(self, run_id: str, attempt: int | None = None) -> pd.DataFrame:
+        """``rank, host`` as the ranks reported them at the first step of an attempt
+        (default: the latest); empty when the run has no step records."""
+        if attempt is None:
+            row = self._cursor().execute("SELECT max(attempt) FROM step_summaries "
+                                         "WHERE run_id = ?", [run_id]).fetchone()
+            if row is None or row[0] is None:
+                return pd.DataFrame({"rank": [], "host": []})
+            attempt = int(row[0])
+        return self._df("""
+            SELECT rank, any_value(host) AS host FROM steps
+            WHERE run_id = ? AND attempt = ? AND step = (
+              SELECT min(step) FROM step_summaries WHERE run_id = ? AND attempt = ?)
+            GROUP BY rank ORDER BY rank""", [run_id, attempt, run_id, attempt])
 
     def run_metrics(self, window_steps: int = 100) -> pd.DataFrame:
         """Per run, for /metrics: steps summarised, last step, ranks reporting the last step,

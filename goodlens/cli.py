@@ -128,6 +128,8 @@ def main() -> None:
                                 "e.g. a launcher that evicts.")
 @click.option("--hang-floor", type=Duration(), default="60s", show_default=True,
               help="Shortest hang timeout; the timeout adapts to 3x the longest step interval.")
+@click.option("--dashboard/--no-dashboard", default=True, show_default=True,
+              help="Serve the dashboard at / (with --token, open it once as /?token=...).")
 @click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Trace folder to import before serving (repeatable; importing twice adds "
                    "nothing).")
@@ -135,7 +137,7 @@ def main() -> None:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(db: str, host: str, port: int, token: str | None, max_body: int,
           max_queue_rows: int, summarize_every: float, memory_limit: str, detect: bool,
-          webhook: str | None, hang_floor: float, loads: tuple[str, ...],
+          webhook: str | None, hang_floor: float, dashboard: bool, loads: tuple[str, ...],
           log_level: str) -> None:
     """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz.
 
@@ -149,7 +151,8 @@ def serve(db: str, host: str, port: int, token: str | None, max_body: int,
         config = ServerConfig(db=db, host=host, port=port, token=token,
                               max_body_bytes=max_body, max_queue_rows=max_queue_rows,
                               memory_limit=memory_limit, summarize_interval_s=summarize_every,
-                              detect=detect, webhook=webhook, hang_floor_s=hang_floor)
+                              detect=detect, webhook=webhook, hang_floor_s=hang_floor,
+                              dashboard=dashboard)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     Path(db).parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +168,8 @@ def serve(db: str, host: str, port: int, token: str | None, max_body: int,
         click.echo(f"goodlens collector on http://{host}:{bound}  (db: {db})", err=True)
         click.echo(f"  push:    http://{host}:{bound}/v1/ingest", err=True)
         click.echo(f"  metrics: http://{host}:{bound}/metrics", err=True)
+        if dashboard:
+            click.echo(f"  dashboard: http://{host}:{bound}/", err=True)
 
     try:
         run_server(config, ready=ready, log_level=log_level)
@@ -467,28 +472,15 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
     """Find persistent stragglers in a stored run: ranks, hosts or switches slower than the
     rest, from which step, by how much, what they cost, and whether to evict them.
     """
-    import dataclasses
-
-    from detectors.stragglers import Topology, detect_stragglers
+    from goodlens.findings import detect_run, finding_dicts
     store = _open_store(db)
     try:
-        info = store.run(run_id)
-        if info is None:
+        if store.run(run_id) is None:
             raise click.ClickException(f"no run {run_id!r} in {db}; see `goodlens runs`")
-        steps = store.steps(run_id)
+        found = detect_run(store, run_id)
     finally:
         store.close()
-    try:
-        tags = json.loads(info["tags"]) if isinstance(info.get("tags"), str) else {}
-    except ValueError:
-        tags = {}
-    topology = None
-    if len(steps) and steps.host.notna().all():
-        hosts = steps.groupby("rank").host.first()
-        full = [hosts.get(r, f"rank-{r}") for r in range(int(steps["rank"].max()) + 1)]
-        topology = Topology.from_run(full, tags if isinstance(tags, dict) else {})
-    found = detect_stragglers(steps, topology=topology) if len(steps) else []
-    rows = [{k: _clean(v) for k, v in dataclasses.asdict(f).items()} for f in found]
+    rows = [{k: _clean(v) for k, v in f.items()} for f in finding_dicts(found)]
     if as_json:
         _echo_json({"run": run_id, "findings": rows})
         return
@@ -504,6 +496,38 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
                             ("detected_step", "detected at"), ("slow", "slowdown"),
                             ("cost", "wait so far"), ("per_h", "wait per hour"),
                             ("action", "action")]))
+
+
+@main.command()
+@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Store file, opened read-only (no collector may hold it; a running "
+                   "collector serves the dashboard itself at its own /).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8471, show_default=True, type=int, help="Port (0: any free).")
+@click.option("--log-level", default="warning", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def dashboard(db: str, host: str, port: int, log_level: str) -> None:
+    """Serve the dashboard alone over a store file: runs, where the wall-clock went, slow
+    ranks, checkpoint costs and what-if, with the run id in each page's URL.
+    """
+    from collector.server import is_loopback
+    from dashboard.asgi import serve_dashboard
+
+    if not is_loopback(host):
+        click.echo(f"warning: the dashboard on {host} has no authentication; anyone who "
+                   "reaches it can read every run", err=True)
+
+    def ready(bound: int) -> None:
+        click.echo(f"goodlens dashboard on http://{host}:{bound}/  (db: {db}, read-only)",
+                   err=True)
+    try:
+        serve_dashboard(db, host, port, ready=ready, log_level=log_level)
+    except Exception as exc:  # duckdb.IOException: the file is held by a collector
+        if "lock" in str(exc).lower():
+            raise click.ClickException(
+                f"{db} is held by a running collector; open the dashboard it serves at its "
+                "own URL (e.g. http://127.0.0.1:8470/) instead") from None
+        raise
 
 
 def _import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:

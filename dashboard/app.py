@@ -1,0 +1,178 @@
+"""The Dash app: URL routing and thin callbacks over :mod:`dashboard.data` and the layouts.
+
+The run id is in the URL (``/runs/<id>``, ``/runs/<id>/ranks``, ...), so a view can be
+shared. Each page's body re-renders on a timer only when its run's data changed (the
+version kept beside it), so a live run refreshes and a finished one costs one small query
+per tick. Callbacks hold no logic of their own: parse the URL, ask the data layer, hand the
+result to a layout function.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import dash
+from dash import Input, Output, State, dcc, html
+
+from dashboard import pages
+from dashboard.data import DashConfig, RunData
+
+log = logging.getLogger("goodlens.dashboard")
+NO = dash.no_update
+
+
+def parse_path(pathname: str | None) -> tuple[str, str | None]:
+    """``/runs/a%2Fb/ranks`` -> ``("ranks", "a/b")``; ``/`` -> ``("runs", None)``."""
+    parts = [p for p in (pathname or "/").split("/") if p]
+    if not parts:
+        return "runs", None
+    if parts[0] == "cluster" and len(parts) == 1:
+        return "cluster", None
+    if parts[0] != "runs" or len(parts) > 3:
+        return "unknown", None
+    if len(parts) == 1:
+        return "runs", None
+    page = parts[2] if len(parts) == 3 else "overview"
+    if page not in dict(pages.PAGES):
+        return "unknown", None
+    return page, unquote(parts[1])
+
+
+def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any) -> dash.Dash:
+    """The dashboard over an open store (``collector.store.Store``, live or read-only)."""
+    config = config or DashConfig()
+    data = RunData(store, config)
+    app = dash.Dash(__name__, title=config.title, suppress_callback_exceptions=True,
+                    assets_folder=str(Path(__file__).with_name("assets")),
+                    update_title=None, **dash_kwargs)
+    app.layout = html.Div([
+        dcc.Location(id="url"),
+        dcc.Interval(id="tick", interval=int(config.refresh_s * 1000)),
+        html.Div(id="nav"),
+        html.Div(id="page", className="gl-page"),
+    ])
+    app._goodlens_data = data  # for tests and the benchmark
+
+    @app.callback(Output("nav", "children"), Output("page", "children"),
+                  Input("url", "pathname"))
+    def route(pathname: str | None) -> tuple[Any, Any]:
+        page, run_id = parse_path(pathname)
+        nav = pages.nav(run_id, page)
+        if page == "unknown":
+            return nav, pages.not_found(f"no page at {pathname}")
+        if page == "runs":
+            return nav, html.Div([html.H2("Runs"), html.Div(id="runs-body")])
+        if page == "cluster":
+            from dashboard.cluster import cluster_layout
+            return nav, cluster_layout()
+        if data.version(run_id) is None:
+            return nav, pages.not_found(f"no run {run_id!r} in this store")
+        head = html.H2(f"{dict(pages.PAGES)[page]}: {run_id}")
+        store_id = dcc.Store(id=f"{page}-version")
+        if page == "ranks":
+            rk = data.ranks(run_id)
+            return nav, html.Div([head, pages.ranks_controls(rk["attempts"], rk["attempt"]),
+                                  store_id, dcc.Loading(html.Div(id="ranks-body"))])
+        if page == "whatif":
+            cal = data.whatif_calibration(run_id)
+            return nav, html.Div([head, html.P(
+                "The simulator is fitted to this run (below); change a policy and compare. "
+                "Differences between the two simulated bars are the policy's; the first bar "
+                "is what the run measured.", className="gl-note"),
+                pages.whatif_controls(cal), dcc.Loading(html.Div(id="whatif-body"))])
+        return nav, html.Div([head, store_id, dcc.Loading(html.Div(id=f"{page}-body"))])
+
+    @app.callback(Output("runs-body", "children"), Input("tick", "n_intervals"),
+                  Input("url", "pathname"))
+    def runs_page(_: Any, pathname: str | None) -> Any:
+        return pages.runs_body(data.runs())
+
+    def refreshing(page: str, body: Any) -> None:
+        @app.callback(Output(f"{page}-body", "children"), Output(f"{page}-version", "data"),
+                      Input("tick", "n_intervals"), Input("url", "pathname"),
+                      State(f"{page}-version", "data"))
+        def refresh(_: Any, pathname: str | None, shown: Any) -> tuple[Any, Any]:
+            kind, run_id = parse_path(pathname)
+            if kind != page or run_id is None:
+                return NO, NO
+            v = data.version(run_id)
+            if v is None:
+                return pages.not_found(f"run {run_id!r} is gone"), None
+            if shown is not None and list(v) == list(shown) and dash.ctx.triggered_id == "tick":
+                return NO, NO
+            return body(run_id), list(v)
+
+    refreshing("overview", lambda r: pages.overview_body(data.overview(r)))
+    refreshing("checkpoints", lambda r: pages.checkpoints_body(data.checkpoints(r)))
+
+    @app.callback(Output("ranks-body", "children"), Output("ranks-version", "data"),
+                  Input("tick", "n_intervals"), Input("url", "pathname"),
+                  Input("ranks-attempt", "value"), Input("ranks-pool", "value"),
+                  State("ranks-version", "data"))
+    def ranks_page(_: Any, pathname: str | None, attempt: Any, pool: str,
+                   shown: Any) -> tuple[Any, Any]:
+        kind, run_id = parse_path(pathname)
+        if kind != "ranks" or run_id is None:
+            return NO, NO
+        v = data.version(run_id)
+        if v is None:
+            return pages.not_found(f"run {run_id!r} is gone"), None
+        key = [*v, attempt, pool]
+        if shown is not None and key == list(shown) and dash.ctx.triggered_id == "tick":
+            return NO, NO
+        rk = data.ranks(run_id, None if attempt is None else int(attempt))
+        return pages.ranks_body(rk, pool or "max"), key
+
+    @app.callback(Output("whatif-body", "children"), Input("url", "pathname"),
+                  Input("whatif-interval", "value"), Input("whatif-mode", "value"),
+                  Input("whatif-elastic", "value"), Input("whatif-spares", "value"),
+                  Input("whatif-evict", "value"))
+    def whatif_page(pathname: str | None, interval_min: Any, mode: str, elastic: str,
+                    spares: Any, evict: list[str] | None) -> Any:
+        kind, run_id = parse_path(pathname)
+        if kind != "whatif" or run_id is None:
+            return NO
+        cal = data.whatif_calibration(run_id)
+        if cal is None:
+            return pages.not_found(f"run {run_id!r} is gone")
+        try:
+            changes = whatif_changes(cal.config, interval_min, mode, elastic, spares, evict)
+        except ValueError as exc:
+            return html.P(str(exc), className="gl-error", id="whatif-error")
+        return pages.whatif_body(data.whatif(run_id, changes), cal)
+
+    from dashboard.cluster import register_cluster_callbacks
+    register_cluster_callbacks(app)
+    return app
+
+
+def whatif_changes(base: Any, interval_min: Any, mode: str | None, elastic: str | None,
+                   spares: Any, evict: list[str] | None) -> dict[str, Any]:
+    """The what-if form as SimConfig changes (only fields that differ from ``base``);
+    ValueError with what to fix for a value the simulator would refuse."""
+    changes: dict[str, Any] = {}
+    if interval_min is None or not float(interval_min) > 0:
+        raise ValueError("enter a checkpoint interval above 0 minutes")
+    interval = round(float(interval_min) * 60, 3)
+    if abs(interval - base.interval_s) > 0.01 * 60:
+        changes["interval_s"] = interval
+    if mode and mode != base.ckpt_mode:
+        changes["ckpt_mode"] = mode
+    if elastic and elastic != base.elastic:
+        if elastic == "shrink" and base.nodes < 2:
+            raise ValueError("a one-node job cannot shrink; pick another policy")
+        changes["elastic"] = elastic
+    n = int(spares or 0)
+    if n < 0:
+        raise ValueError("spares cannot be negative")
+    if n != base.spares:
+        changes["spares"] = n
+    if (elastic or base.elastic) == "spares" and n == 0:
+        raise ValueError("the spares policy needs at least one hot spare node")
+    ev = bool(evict and "evict" in evict)
+    if ev != base.evict_stragglers:
+        changes["evict_stragglers"] = ev
+    return changes

@@ -1,0 +1,244 @@
+"""What each dashboard page shows, loaded through the store's read API and cached per run.
+
+Callbacks stay thin: they ask this module for a page's data and hand it to the figure
+builders. Every loader is cached by the run's *version* (steps summarised, last activity,
+attempts): a live refresh of an unchanged run costs one small query, and a run that moved
+on is re-read once, whatever the number of browser tabs watching it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from goodlens.accounting import account_run
+from goodlens.checkpoints import checkpoint_table
+from goodlens.findings import detect_run, finding_dicts, run_tags, stored_findings
+
+
+@dataclass
+class DashConfig:
+    """How the dashboard behaves."""
+
+    title: str = "goodlens"
+    refresh_s: float = 5.0
+    """Live refresh period (pages of a run still receiving data re-read it this often)."""
+    rank_bins: int = 128
+    """Heatmap rows at most (ranks are max-pooled into this many bins)."""
+    step_bins: int = 300
+    """Heatmap columns at most (steps pooled likewise)."""
+    heatmap_max_rows: int = 40_000_000
+    """Rank-step records the heatmap scans at most: longer attempts show their latest steps."""
+    detect_max_rows: int = 5_000_000
+    """A run no live detector has seen is scanned on the ranks page up to this many
+    rank-steps (a batch pass); larger ones show only what the collector flagged."""
+    whatif_trials: int = 40
+    """Monte Carlo trials per what-if (the same seeds for the baseline and the change)."""
+    series_points: int = 150
+    """Points of the rolling goodput curve."""
+
+
+class RunData:
+    """Cached page data over a store (``collector.store.Store``)."""
+
+    def __init__(self, store: Any, config: DashConfig | None = None,
+                 max_entries: int = 64) -> None:
+        self.store = store
+        self.config = config or DashConfig()
+        self._cache: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_entries
+
+    # -- cache ---------------------------------------------------------------
+    def version(self, run_id: str) -> tuple | None:
+        """What changes when a run receives data (None: no such run)."""
+        info = self.store.run(run_id)
+        if info is None:
+            return None
+        return (int(info.get("steps") or 0), _f(info.get("last_time")),
+                int(info.get("attempts") or 0), str(info.get("state")))
+
+    def _cached(self, key: tuple, build: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        value = build()
+        with self._lock:
+            self._cache[key] = value
+            while len(self._cache) > self._max:
+                self._cache.popitem(last=False)
+        return value
+
+    # -- pages ---------------------------------------------------------------
+    def runs(self) -> list[dict[str, Any]]:
+        """The runs list: id, state, ranks, GPUs, attempts, steps, start, duration, goodput."""
+        df = self.store.runs()
+        out = []
+        for r in df.to_dict("records"):
+            v = (int(r.get("steps") or 0), _f(r.get("last_time")), int(r.get("attempts") or 0),
+                 str(r.get("state")))
+            gp = self._cached(("goodput", r["run_id"], v), lambda rid=r["run_id"]: _goodput(
+                self.store, rid))
+            start, last = _f(r.get("start")), _f(r.get("last_time"))
+            ws, gpr = r.get("world_size"), r.get("gpus_per_rank")
+            out.append({"run_id": r["run_id"], "name": r.get("name"), "state": r.get("state"),
+                        "ranks": _int(ws), "gpus": (_int(ws) or 0) * (_int(gpr) or 1) or None,
+                        "attempts": int(r.get("attempts") or 0),
+                        "steps": int(r.get("steps") or 0), "start": start,
+                        "duration_s": (last - start) if not (math.isnan(start)
+                                                             or math.isnan(last)) else None,
+                        "goodput": gp})
+        return out
+
+    def overview(self, run_id: str) -> dict[str, Any] | None:
+        """Headline, breakdown, per-attempt rows, rolling goodput and the timeline's data."""
+        v = self.version(run_id)
+        if v is None:
+            return None
+        return self._cached(("overview", run_id, v), lambda: self._overview(run_id))
+
+    def _overview(self, run_id: str) -> dict[str, Any]:
+        acc = account_run(self.store, run_id)
+        rep = acc.breakdown().as_dict()
+        rep["attempts"] = [b.as_dict() for b in acc.by_attempt()]
+        series = acc.goodput_series(points=self.config.series_points)
+        events = self.store.events(run_id, kinds=[
+            "failure_detected", "attempt_end", "preempted", "rank_evicted", "rank_joined",
+            "world_resized", "straggler_flagged", "ckpt_save_start"])
+        return {"run": run_id, "info": self.store.run(run_id), "report": rep,
+                "series": series, "attempts": self.store.attempts(run_id),
+                "events": _timeline_events(events)}
+
+    def checkpoints(self, run_id: str) -> dict[str, Any] | None:
+        """Each checkpoint's stall, write time and size; the measured plan."""
+        v = self.version(run_id)
+        if v is None:
+            return None
+        return self._cached(("checkpoints", run_id, v), lambda: self._checkpoints(run_id))
+
+    def _checkpoints(self, run_id: str) -> dict[str, Any]:
+        from goodlens.measured import measure_run
+        table = checkpoint_table(self.store.events(run_id, kinds=[
+            "ckpt_save_start", "ckpt_save_blocking_end", "ckpt_save_durable_end"]))
+        m = measure_run(self.store, run_id)
+        return {"run": run_id, "table": table, "measured": m.as_dict(),
+                "sentence": m.sentence()}
+
+    def ranks(self, run_id: str, attempt: int | None = None) -> dict[str, Any] | None:
+        """The rank x step heatmap of one attempt (default: the latest), findings, roll-ups."""
+        v = self.version(run_id)
+        if v is None:
+            return None
+        return self._cached(("ranks", run_id, v, attempt),
+                            lambda: self._ranks(run_id, attempt))
+
+    def _ranks(self, run_id: str, attempt: int | None) -> dict[str, Any]:
+        cfg = self.config
+        attempts = self.store.attempts(run_id)
+        known = [int(a) for a in attempts.attempt] if len(attempts) else []
+        if attempt is None or attempt not in known:
+            ranged = [a for a in reversed(known) if self.store.step_range(run_id, a)]
+            attempt = ranged[0] if ranged else (known[-1] if known else 0)
+        span = self.store.step_range(run_id, attempt)
+        out: dict[str, Any] = {"run": run_id, "attempt": attempt, "attempts": known,
+                               "grid": None, "hosts": None, "findings": [],
+                               "findings_source": "none"}
+        if span is not None:
+            s0, s1, ranks = span
+            # long attempts: the latest steps that fit the scan budget
+            s0 = max(s0, s1 - max(cfg.heatmap_max_rows // max(ranks, 1), 1) + 1)
+            grid = self.store.heatmap(run_id, attempt, s0, s1, min(cfg.rank_bins, ranks),
+                                      min(cfg.step_bins, s1 - s0 + 1))
+            out["grid"] = grid
+            out["window"] = (s0, s1, ranks)
+            hosts = self.store.host_compute(run_id, attempt, s0, s1)
+            out["hosts"] = _host_rollup(hosts, run_tags(self.store.run(run_id)))
+        found = stored_findings(self.store, run_id)
+        if found:
+            out["findings"], out["findings_source"] = found, "live"
+        else:
+            info = self.store.run(run_id) or {}
+            rows = int(info.get("steps") or 0) * int(info.get("world_size") or 1)
+            if rows <= cfg.detect_max_rows:
+                out["findings"] = finding_dicts(detect_run(self.store, run_id))
+                out["findings_source"] = "batch"
+            else:
+                out["findings_source"] = "too-large"
+        return out
+
+    def whatif_calibration(self, run_id: str) -> Any:
+        """The simulator calibrated to the run (cached per version)."""
+        from goodlens.whatif import calibrate
+        v = self.version(run_id)
+        if v is None:
+            return None
+
+        def build() -> Any:
+            rk = self.ranks(run_id)
+            return calibrate(self.store, run_id, findings=rk["findings"] if rk else None)
+        return self._cached(("calibration", run_id, v), build)
+
+    def whatif(self, run_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        """Simulated breakdown of the run as it was and with ``changes`` (cached)."""
+        from goodlens.whatif import what_if
+        cal = self.whatif_calibration(run_id)
+        if cal is None:
+            return None
+        key = ("whatif", run_id, self.version(run_id), tuple(sorted(changes.items())))
+        return self._cached(key, lambda: what_if(cal, changes, self.config.whatif_trials))
+
+
+def _goodput(store: Any, run_id: str) -> float | None:
+    try:
+        b = account_run(store, run_id).breakdown()
+    except (KeyError, ValueError):
+        return None
+    return b.goodput if b.wall_clock_s > 0 else None
+
+
+def _timeline_events(ev: pd.DataFrame) -> pd.DataFrame:
+    """One marker per job-level happening: checkpoints and failures once per save/attempt,
+    not once per rank."""
+    if not len(ev):
+        return ev
+    ckpt = ev[ev.kind == "ckpt_save_start"].drop_duplicates(["attempt", "step", "tier"])
+    fail = ev[ev.kind == "failure_detected"].drop_duplicates(["attempt"])
+    rest = ev[~ev.kind.isin(["ckpt_save_start", "failure_detected", "attempt_end"])]
+    ends = ev[(ev.kind == "attempt_end") & ev.cause.notna()].drop_duplicates(["attempt"])
+    return pd.concat([ckpt, fail, rest, ends]).sort_values("time").reset_index(drop=True)
+
+
+def _host_rollup(hosts: pd.DataFrame, tags: dict[str, Any]) -> pd.DataFrame | None:
+    """Hosts with their compute relative to the median host (and switch when known)."""
+    if not len(hosts):
+        return None
+    med = float(np.median(hosts["mean"]))
+    h = hosts.assign(relative=hosts["mean"] / med - 1 if med > 0 else 0.0,
+                     worst_relative=hosts.worst_rank_mean / med - 1 if med > 0 else 0.0)
+    sw = tags.get("switch_of_host")
+    per = tags.get("nodes_per_switch")
+    if isinstance(sw, dict) and sw:
+        h["switch"] = [str(sw.get(x, "?")) for x in h.host]
+    elif per:
+        h["switch"] = [str(i // int(per)) for i in range(len(h))]
+    return h.reset_index(drop=True)
+
+
+def _f(v: Any) -> float:
+    try:
+        return float(v) if v is not None and v is not pd.NA else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _int(v: Any) -> int | None:
+    f = _f(v)
+    return None if math.isnan(f) else int(f)

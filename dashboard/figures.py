@@ -1,0 +1,282 @@
+"""Figure builders: plain data in, Plotly figures out (no store, no Dash; unit-tested).
+
+One colour per bucket everywhere (the breakdown, the rolling goodput, the what-if), so a
+user learns it once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from goodlens.accounting import BUCKETS, RESTART_PARTS
+from goodlens.units import format_duration
+
+BUCKET_COLORS = {"productive": "#2ca02c", "straggler_wait": "#ff7f0e",
+                 "checkpoint_stall": "#1f77b4", "recompute": "#d62728", "restart": "#9467bd",
+                 "other": "#7f7f7f"}
+RESTART_COLORS = {"detection": "#6a3d9a", "queue": "#8c6bb1", "init": "#9e9ac8",
+                  "restore": "#bcbddc", "warmup": "#cbc9e2", "unattributed": "#dadaeb"}
+EVENT_STYLE = {  # kind: (label, colour, marker symbol)
+    "failure_detected": ("failure", "#d62728", "x"),
+    "attempt_end": ("attempt ended", "#d62728", "x-thin"),
+    "preempted": ("preempted", "#e377c2", "diamond"),
+    "ckpt_save_start": ("checkpoint", "#1f77b4", "line-ns"),
+    "rank_evicted": ("eviction", "#ff7f0e", "triangle-down"),
+    "rank_joined": ("rank joined", "#17becf", "triangle-up"),
+    "world_resized": ("resize", "#8c564b", "square"),
+    "straggler_flagged": ("straggler flagged", "#ff7f0e", "star"),
+}
+_LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+           "font": {"size": 12}}
+
+
+def label(bucket: str) -> str:
+    """``checkpoint_stall`` -> ``checkpoint stall``."""
+    return bucket.replace("_", " ")
+
+
+def _times(xs: Any) -> pd.DatetimeIndex:
+    return pd.to_datetime(np.asarray(xs, dtype=float), unit="s", utc=True)
+
+
+def empty_figure(message: str) -> go.Figure:
+    """A blank figure that says why it is blank."""
+    fig = go.Figure(layout=_LAYOUT)
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper",
+                       yref="paper", font={"size": 14, "color": "#777"})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig.update_layout(height=220)
+
+
+def breakdown_figure(report: dict[str, Any]) -> go.Figure:
+    """Where the wall-clock went: one stacked bar per bucket row, restart split into its
+    parts, in hours, with each share of wall-clock on hover."""
+    wall = report.get("wall_clock_s") or 0.0
+    if not wall > 0:
+        return empty_figure("no wall-clock yet")
+    fig = go.Figure(layout=_LAYOUT)
+    rows = [label(b) for b in BUCKETS]
+    for b in BUCKETS:
+        if b == "restart":
+            continue
+        v = report["buckets"].get(b)
+        fig.add_bar(y=[label(b)], x=[(v or 0) / 3600], orientation="h", name=label(b),
+                    marker_color=BUCKET_COLORS[b],
+                    hovertemplate=f"{label(b)}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>")
+    for p in RESTART_PARTS:
+        v = report["restart_parts"].get(p, 0.0)
+        if not v:
+            continue
+        fig.add_bar(y=["restart"], x=[v / 3600], orientation="h", name=f"restart: {p}",
+                    marker_color=RESTART_COLORS[p],
+                    hovertemplate=f"restart, {p}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>")
+    fig.update_layout(barmode="stack", height=300, xaxis_title="hours",
+                      yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
+                      legend={"orientation": "h", "y": -0.25}, title="Where the wall-clock went")
+    return fig
+
+
+def goodput_series_figure(series: pd.DataFrame) -> go.Figure:
+    """Rolling goodput over the run: each bucket's share of the trailing window, stacked."""
+    if not len(series):
+        return empty_figure("not enough data for a rolling goodput yet")
+    fig = go.Figure(layout=_LAYOUT)
+    t = _times(series.time)
+    for b in BUCKETS:
+        fig.add_scatter(x=t, y=100 * series[b], name=label(b), stackgroup="one",
+                        line={"width": 0.5, "color": BUCKET_COLORS[b]},
+                        hovertemplate=f"{label(b)}: %{{y:.1f}}%<extra></extra>")
+    fig.update_layout(height=300, yaxis={"title": "% of window", "range": [0, 100]},
+                      title="Goodput over time (rolling window)", hovermode="x unified",
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float) -> go.Figure:
+    """Attempts as bars on a time axis, and the job's events as markers above them:
+    failures with their cause, checkpoints, evictions, resizes, flagged stragglers."""
+    if not len(attempts):
+        return empty_figure("no attempt yet")
+    fig = go.Figure(layout=_LAYOUT)
+    for a in attempts.itertuples():
+        a_end = a.end if a.end == a.end and a.end is not None else (
+            a.last_activity if a.last_activity == a.last_activity else end)
+        reason = a.end_reason if isinstance(a.end_reason, str) else "running"
+        fig.add_scatter(x=_times([a.start, a_end]), y=["attempts", "attempts"], mode="lines",
+                        line={"width": 18, "color": "#9ecae1" if reason != "running"
+                              else "#74c476"}, showlegend=False,
+                        hovertemplate=(f"attempt {a.attempt}: {format_duration(a_end - a.start)}"
+                                       f", {reason}<extra></extra>"))
+    for kind, (name, colour, symbol) in EVENT_STYLE.items():
+        ev = events[events.kind == kind] if len(events) else events
+        if not len(ev):
+            continue
+        text = [_event_text(r) for r in ev.itertuples()]
+        fig.add_scatter(x=_times(ev.time), y=[name] * len(ev), mode="markers", name=name,
+                        marker={"color": colour, "symbol": symbol, "size": 10,
+                                "line": {"width": 2, "color": colour}},
+                        text=text, hovertemplate="%{text}<extra></extra>")
+    fig.update_layout(height=120 + 28 * (1 + len(EVENT_STYLE)), title="Attempts and events",
+                      showlegend=False, yaxis={"type": "category"})
+    return fig
+
+
+def _event_text(r: Any) -> str:
+    parts = [f"{EVENT_STYLE.get(r.kind, (r.kind,))[0]} (attempt {r.attempt})"]
+    for col in ("cause", "step", "rank", "host", "tier", "label", "world_size"):
+        v = getattr(r, col, None)
+        if v is not None and pd.notna(v):
+            parts.append(f"{col} {int(v) if isinstance(v, float) else v}")
+    return ", ".join(parts)
+
+
+def heatmap_figure(grid: pd.DataFrame, value: str = "max") -> go.Figure:
+    """Rank x step heatmap of compute relative to each step bin's median rank bin, in %.
+
+    ``grid`` is the store's pooled grid (``Store.heatmap``); ``value`` is ``max`` (the slowest
+    rank in a cell: a single slow rank among hundreds stays visible) or ``mean``."""
+    if grid is None or not len(grid):
+        return empty_figure("no step records for this attempt")
+    z = grid.pivot(index="rbin", columns="sbin", values=value)
+    worst = grid.pivot(index="rbin", columns="sbin", values="worst_rank")
+    med = z.median(axis=0)
+    rel = 100 * (z / med - 1)
+    rank_lo = grid.groupby("rbin").rank_lo.min().reindex(z.index)
+    rank_hi = grid.groupby("rbin").rank_hi.max().reindex(z.index)
+    step_lo = grid.groupby("sbin").step_lo.min().reindex(z.columns)
+    ylab = [f"{int(a)}" if a == b else f"{int(a)}-{int(b)}" for a, b in zip(rank_lo, rank_hi)]
+    custom = np.dstack([worst.to_numpy(dtype=float), z.to_numpy(dtype=float)])
+    fig = go.Figure(go.Heatmap(
+        z=rel.to_numpy(), x=step_lo.to_numpy(), y=ylab, customdata=custom,
+        colorscale="RdBu_r", zmid=0, zmin=-20, zmax=20,
+        colorbar={"title": "% vs median"},
+        hovertemplate=("ranks %{y}, from step %{x}<br>%{z:.1f}% vs the median"
+                       "<br>slowest rank %{customdata[0]:.0f}: %{customdata[1]:.3f}s"
+                       "<extra></extra>")), layout=_LAYOUT)
+    n_ranks = int(rank_hi.max()) + 1 if len(rank_hi) else 0
+    pooled = "" if len(z.index) >= n_ranks else f", {len(z.index)} rank bins ({value})"
+    fig.update_layout(height=520, xaxis_title="step", yaxis_title="rank",
+                      title=f"Compute per rank and step, vs the median{pooled}",
+                      yaxis={"type": "category", "autorange": "reversed"})
+    return fig
+
+
+def host_figure(hosts: pd.DataFrame | None, top: int = 30) -> go.Figure:
+    """The slowest hosts: mean compute vs the median host (and each one's slowest rank)."""
+    if hosts is None or not len(hosts):
+        return empty_figure("no host information in the step records")
+    h = hosts.sort_values("worst_relative", ascending=False).head(top)
+    fig = go.Figure(layout=_LAYOUT)
+    fig.add_bar(x=h.host, y=100 * h.relative, name="host mean", marker_color="#9467bd")
+    fig.add_bar(x=h.host, y=100 * h.worst_relative, name="slowest rank",
+                marker_color="#ff7f0e", text=[f"rank {int(r)}" for r in h.worst_rank],
+                hovertemplate="%{x}: slowest rank %{text} %{y:.1f}%<extra></extra>")
+    fig.update_layout(barmode="group", height=320, yaxis_title="% vs median host",
+                      title=f"Host roll-up (slowest {len(h)} of {len(hosts)})",
+                      legend={"orientation": "h", "y": -0.3})
+    return fig
+
+
+def switch_table_rows(hosts: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """Per switch: hosts, mean compute vs the median host, the worst host."""
+    if hosts is None or "switch" not in hosts or not len(hosts):
+        return []
+    out = []
+    for sw, g in hosts.groupby("switch", sort=False):
+        worst = g.loc[g.relative.idxmax()]
+        out.append({"switch": sw, "hosts": len(g), "relative": float(g.relative.mean()),
+                    "worst_host": worst.host, "worst_relative": float(worst.relative)})
+    return sorted(out, key=lambda r: -r["relative"])
+
+
+def checkpoint_figure(table: pd.DataFrame) -> go.Figure:
+    """Each checkpoint's stall and write time over the run, the stall's trend, and size."""
+    if not len(table):
+        return empty_figure("no checkpoint in this run")
+    from goodlens.checkpoints import checkpoint_trend
+    t = _times(table.start)
+    fig = go.Figure(layout=_LAYOUT)
+    fig.add_bar(x=t, y=table.stall_s, name="stall (training blocked)", marker_color="#1f77b4")
+    if table.write_s.notna().any():
+        fig.add_scatter(x=t, y=table.write_s, mode="markers", name="write until durable",
+                        marker={"color": "#17becf", "symbol": "circle-open", "size": 9})
+    fig.add_scatter(x=t, y=checkpoint_trend(table), mode="lines", name="stall trend (median)",
+                    line={"color": "#08306b", "dash": "dash"})
+    if table["bytes"].notna().any():
+        fig.add_scatter(x=t, y=table["bytes"] / 1e9, mode="lines+markers", name="size (GB)",
+                        yaxis="y2", line={"color": "#bbb"})
+        fig.update_layout(yaxis2={"title": "GB", "overlaying": "y", "side": "right",
+                                  "showgrid": False})
+    fig.update_layout(height=340, yaxis_title="seconds", title="Checkpoints",
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def interval_figure(measured: dict[str, Any]) -> go.Figure:
+    """Expected goodput against the checkpoint interval, with the run's and the best."""
+    from goodlens.planner import interval_plan
+    c, m = measured.get("checkpoint_stall_s"), measured.get("mtbf_s")
+    r = measured.get("restart_cost_s")
+    if not (c and m and r is not None and c < m):
+        return empty_figure("needs at least one failure and one checkpoint to plan")
+    plan = interval_plan(c, m, restart_cost_s=min(r, m * 0.99))
+    xs = np.geomspace(max(c * 0.5, 1.0), max(2 * (m - r), c * 2), 120)
+    ys = [100 * plan.expected_goodput(x) for x in xs]
+    fig = go.Figure(layout=_LAYOUT)
+    fig.add_scatter(x=xs / 60, y=ys, mode="lines", name="expected goodput",
+                    line={"color": "#2ca02c"})
+    for name, x, colour in (("this run", measured.get("interval_s"), "#d62728"),
+                            ("best", plan.best_interval_s, "#2ca02c")):
+        if x:
+            fig.add_scatter(x=[x / 60], y=[100 * plan.expected_goodput(x)], mode="markers+text",
+                            name=name, text=[name], textposition="top center",
+                            marker={"size": 12, "color": colour})
+    lo = max(100 * plan.best_goodput - 15, 0)
+    fig.update_layout(height=320, xaxis={"title": "interval (minutes)", "type": "log"},
+                      yaxis={"title": "expected goodput %", "range": [lo, 100]},
+                      title="Checkpoint interval: expected goodput", showlegend=False)
+    return fig
+
+
+def whatif_figure(result: dict[str, Any]) -> go.Figure:
+    """Actual, simulated-as-was and simulated-with-the-change breakdowns, as shares."""
+    fig = go.Figure(layout=_LAYOUT)
+    cols = [("actual", "actual"), ("baseline", "simulated, as run"),
+            ("changed", "simulated, with the change")]
+    for b in BUCKETS:
+        ys, texts = [], []
+        for key, _ in cols:
+            part = result[key]
+            wall = part["wall_clock_s"] or 1.0
+            v = part["buckets"].get(b) or 0.0
+            ys.append(100 * v / wall)
+            texts.append(_fmt(v))
+        fig.add_bar(x=[n for _, n in cols], y=ys, name=label(b), marker_color=BUCKET_COLORS[b],
+                    text=texts, hovertemplate=f"{label(b)}: %{{y:.1f}}% (%{{text}})"
+                    "<extra></extra>", textposition="none")
+    fig.update_layout(barmode="stack", height=380, yaxis={"title": "% of wall-clock",
+                                                          "range": [0, 100]},
+                      title="What-if: where the wall-clock would go",
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def _fmt(v: float | None) -> str:
+    return "not measured" if v is None else format_duration(v)
+
+
+def _pct(v: float | None, wall: float) -> str:
+    return "n/a" if v is None or not wall else f"{100 * v / wall:.1f}%"
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    """``0.7623`` -> ``76.2%`` (``n/a`` for None/NaN)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{100 * x:.{digits}f}%"

@@ -1,0 +1,290 @@
+"""Page layouts: the data of :mod:`dashboard.data` laid out as Dash components.
+
+Pure functions of their arguments (no store, no callbacks), so every page renders the same
+from a test as in the browser. Numbers a test compares carry their exact value in the
+element's ``title`` (the hover text): the page shows ``1h 31m``, the title ``5489.06 s``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+from urllib.parse import quote
+
+import pandas as pd
+from dash import dcc, html
+
+from dashboard import figures as fig
+from goodlens.accounting import BUCKETS, RESTART_PARTS
+from goodlens.units import format_duration
+
+PAGES = (("overview", "Overview"), ("ranks", "Ranks"), ("checkpoints", "Checkpoints"),
+         ("whatif", "What-if"))
+
+
+def run_href(run_id: str, page: str = "overview") -> str:
+    """The shareable URL path of one page of a run."""
+    base = f"/runs/{quote(run_id, safe='')}"
+    return base if page == "overview" else f"{base}/{page}"
+
+
+def _utc(t: float | None) -> str:
+    if t is None or (isinstance(t, float) and math.isnan(t)):
+        return ""
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _dur(v: float | None) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format_duration(v)
+
+
+def _table(header: list[str], rows: list[list[Any]], id: str | None = None,
+           row_ids: list[str] | None = None) -> html.Table:
+    body = [html.Tr([c if isinstance(c, html.Td) else html.Td(c) for c in r],
+                    **({"id": row_ids[i]} if row_ids else {})) for i, r in enumerate(rows)]
+    return html.Table([html.Thead(html.Tr([html.Th(h) for h in header])), html.Tbody(body)],
+                      className="gl-table", **({"id": id} if id else {}))
+
+
+def _card(title: str, value: str, id: str, exact: str = "") -> html.Div:
+    return html.Div([html.Div(title, className="gl-card-title"),
+                     html.Div(value, id=id, title=exact, className="gl-card-value")],
+                    className="gl-card")
+
+
+def nav(run_id: str | None, page: str) -> html.Div:
+    """The top bar: the runs list, and the run's pages when a run is open."""
+    links = [dcc.Link("Runs", href="/", className="gl-nav-link"
+                      + (" active" if page == "runs" else ""))]
+    if run_id is not None:
+        links.append(html.Span(f"run {run_id}", className="gl-nav-run"))
+        links += [dcc.Link(name, href=run_href(run_id, key), id=f"nav-{key}",
+                           className="gl-nav-link" + (" active" if key == page else ""))
+                  for key, name in PAGES]
+    links.append(dcc.Link("Cluster what-if", href="/cluster", className="gl-nav-link"
+                          + (" active" if page == "cluster" else "")))
+    return html.Div(links, className="gl-nav")
+
+
+def not_found(message: str) -> html.Div:
+    """A page for a URL that names nothing we have."""
+    return html.Div([html.H2("Not found"), html.P(message, id="not-found"),
+                     dcc.Link("Back to the runs", href="/")])
+
+
+# ---------------------------------------------------------------------------- runs
+def runs_body(runs: list[dict[str, Any]]) -> html.Div:
+    """The runs list: goodput, duration, GPUs, state, with a link to each run."""
+    if not runs:
+        return html.Div([html.P("No runs yet.", id="runs-empty"),
+                         html.P("Point an exporter at this collector's /v1/ingest, or load a "
+                                "trace with `goodlens import TRACE --db FILE`.")])
+    rows = [[dcc.Link(r["run_id"], href=run_href(r["run_id"]), id=f"run-link-{i}"),
+             r["state"], html.Td(fig.pct(r["goodput"]), title=str(r["goodput"])),
+             _dur(r["duration_s"]), r["gpus"] or "", r["attempts"], f"{r['steps']:,}",
+             _utc(r["start"])] for i, r in enumerate(runs)]
+    return _table(["run", "state", "goodput", "duration", "GPUs", "attempts", "steps",
+                   "started"], rows, id="runs-table")
+
+
+# ---------------------------------------------------------------------------- overview
+def overview_body(d: dict[str, Any]) -> html.Div:
+    """Headline goodput, the breakdown, attempts, goodput over time and the timeline."""
+    rep = d["report"]
+    wall = rep["wall_clock_s"]
+    state = d["info"].get("state") if d.get("info") else ""
+    cards = html.Div([
+        _card("Goodput (wall-clock)", fig.pct(rep["goodput"]), "headline-goodput",
+              f"{rep['goodput']:.6f}"),
+        _card("Goodput (GPU-time)", fig.pct(rep["gpu_time_goodput"]), "headline-gpu-goodput",
+              "" if rep["gpu_time_goodput"] is None else f"{rep['gpu_time_goodput']:.6f}"),
+        _card("Wall-clock", _dur(wall), "headline-wall", f"{wall:.2f} s"),
+        _card("Attempts", str(len(rep["attempts"])), "headline-attempts"),
+        _card("State", f"{state}" + (" (live)" if rep["in_progress"] else ""),
+              "headline-state"),
+    ], className="gl-cards")
+    rows, ids = [], []
+    for b in BUCKETS:
+        v = rep["buckets"][b]
+        rows.append([fig.label(b), html.Td(_dur(v) if v is not None else "not measured",
+                                           title="" if v is None else f"{v:.2f} s",
+                                           id=f"bucket-{b}"),
+                     html.Td("" if v is None else fig.pct(v / wall if wall else 0.0),
+                             id=f"bucket-{b}-share")])
+        ids.append(f"row-{b}")
+        if b == "restart":
+            for p in RESTART_PARTS:
+                pv = rep["restart_parts"][p]
+                if pv:
+                    rows.append([html.Span(f"  {p}", className="gl-sub"),
+                                 html.Td(_dur(pv), title=f"{pv:.2f} s", id=f"restart-{p}"),
+                                 fig.pct(pv / wall if wall else 0.0)])
+                    ids.append(f"row-restart-{p}")
+    buckets = _table(["bucket", "time", "share"], rows, id="bucket-table", row_ids=ids)
+    att_rows = [[a["attempt"], _utc(a["start"]), _dur(a["wall_clock_s"]), fig.pct(a["goodput"]),
+                 _dur(a["buckets"]["restart"]), _dur(a["buckets"]["recompute"]),
+                 a["steps"].get("kept", ""), a["steps"].get("recomputed", "")]
+                for a in rep["attempts"]]
+    attempts = _table(["attempt", "start", "wall-clock", "goodput", "restart", "recompute",
+                       "steps kept", "steps redone"], att_rows, id="attempt-table")
+    end = rep["end"] if rep["end"] is not None else 0.0
+    return html.Div([
+        cards,
+        html.Div([html.Div(buckets, className="gl-col"),
+                  html.Div(dcc.Graph(figure=fig.breakdown_figure(rep), id="breakdown-graph"),
+                           className="gl-col-wide")], className="gl-row"),
+        dcc.Graph(figure=fig.goodput_series_figure(d["series"]), id="series-graph"),
+        dcc.Graph(figure=fig.timeline_figure(d["attempts"], d["events"], end),
+                  id="timeline-graph"),
+        html.H3("Attempts"), attempts,
+    ])
+
+
+# ---------------------------------------------------------------------------- ranks
+def ranks_controls(attempts: list[int], attempt: int | None) -> html.Div:
+    """Attempt picker and pooling choice of the heatmap."""
+    return html.Div([
+        html.Label("attempt "), dcc.Dropdown(
+            id="ranks-attempt", options=[{"label": str(a), "value": a} for a in attempts],
+            value=attempt, clearable=False, style={"width": "8em", "display": "inline-block"}),
+        html.Label(" cells show "), dcc.RadioItems(
+            id="ranks-pool", options=[{"label": "the slowest rank", "value": "max"},
+                                      {"label": "the mean", "value": "mean"}],
+            value="max", inline=True, style={"display": "inline-block"}),
+    ], className="gl-controls")
+
+
+_FINDINGS_SOURCE = {
+    "live": "flagged by the collector's live detector",
+    "batch": "found by a batch pass over this run's step records (no live detector saw it)",
+    "too-large": "this run is too large for a batch pass here and no live detector flagged "
+                 "anything; run `goodlens detect --db FILE --run ID`",
+    "none": "",
+}
+
+
+def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
+    """Heatmap, flagged stragglers with slowdown, cost and action, host and switch roll-up."""
+    f_rows = [[f"{f['subject_kind']} {f['subject_id']}", _na(f.get("attempt")),
+               f["first_step"], f["detected_step"],
+               html.Td(fig.pct(f["slowdown"]), title=f"{f['slowdown']:.4f}"),
+               _dur(f["straggler_wait_s"]), _dur(f["wait_per_hour_s"]),
+               html.Td(f["action"], className=f"gl-action-{f['action']}"),
+               f"{f['confidence']:.2f}"]
+              for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0))]
+    findings = (_table(["subject", "attempt", "from step", "detected at", "slowdown", "wait so far",
+                        "wait per hour", "action", "confidence"], f_rows, id="findings-table")
+                if f_rows else html.P("No persistent straggler.", id="findings-none"))
+    window = d.get("window")
+    note = (f"steps {window[0]:,}-{window[1]:,} of attempt {d['attempt']}, {window[2]:,} ranks"
+            if window else "")
+    sw = fig.switch_table_rows(d.get("hosts"))
+    switches = _table(["switch", "hosts", "mean vs median host", "worst host", "its slowdown"],
+                      [[r["switch"], r["hosts"], fig.pct(r["relative"]), r["worst_host"],
+                        fig.pct(r["worst_relative"])] for r in sw], id="switch-table") \
+        if sw else html.Div()
+    return html.Div([
+        html.P(note, className="gl-note"),
+        dcc.Graph(figure=fig.heatmap_figure(d["grid"], pool), id="heatmap-graph"),
+        html.H3("Flagged stragglers"),
+        html.P(_FINDINGS_SOURCE[d["findings_source"]], className="gl-note",
+               id="findings-source"),
+        findings,
+        dcc.Graph(figure=fig.host_figure(d.get("hosts")), id="host-graph"),
+        switches,
+    ])
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def checkpoints_body(d: dict[str, Any]) -> html.Div:
+    """Each checkpoint's stall, write time and size, the trend, and the interval plan."""
+    t, m = d["table"], d["measured"]
+
+    def med(c: str) -> float | None:
+        return float(t[c].median()) if len(t) and t[c].notna().any() else None
+    size = med("bytes")
+    cards = html.Div([
+        _card("Checkpoints", str(len(t)), "ckpt-count"),
+        _card("Median stall", _dur(med("stall_s")) or "n/a", "ckpt-stall",
+              "" if med("stall_s") is None else f"{med('stall_s'):.3f} s"),
+        _card("Median write", _dur(med("write_s")) or "n/a", "ckpt-write"),
+        _card("Median size", "n/a" if size is None else f"{size / 1e9:,.2f} GB", "ckpt-size"),
+        _card("Interval", _dur(m.get("interval_s")) or "n/a", "ckpt-interval"),
+        _card("Best interval", _dur(m.get("best_interval_s")) or "n/a", "ckpt-best"),
+    ], className="gl-cards")
+    last = t.tail(50).iloc[::-1]
+    rows = [[r.attempt, "" if pd.isna(r.step) else int(r.step),
+             "" if pd.isna(r.tier) else r.tier, _utc(r.start), _dur(r.stall_s), _dur(r.write_s),
+             "" if pd.isna(r.bytes) else f"{r.bytes / 1e9:,.2f} GB"]
+            for r in last.itertuples()]
+    gain = m.get("gain_points")
+    return html.Div([
+        cards,
+        html.P(d["sentence"], id="ckpt-recommendation",
+               className="gl-callout" + (" good" if gain and gain > 0.05 else "")),
+        html.Div([html.Div(dcc.Graph(figure=fig.checkpoint_figure(t), id="ckpt-graph"),
+                           className="gl-col-wide"),
+                  html.Div(dcc.Graph(figure=fig.interval_figure(m), id="interval-graph"),
+                           className="gl-col-wide")], className="gl-row"),
+        html.H3(f"Latest checkpoints ({len(rows)} of {len(t)})"),
+        _table(["attempt", "step", "tier", "started", "stall", "write", "size"], rows,
+               id="ckpt-table"),
+    ])
+
+
+# ---------------------------------------------------------------------------- what-if
+def whatif_controls(cal: Any) -> html.Div:
+    """Controls seeded with the calibrated run's own values."""
+    c = cal.config
+    return html.Div([
+        html.Div([html.Label("checkpoint interval (minutes) "),
+                  dcc.Input(id="whatif-interval", type="number", min=0.1, step="any",
+                            value=round(c.interval_s / 60, 2), debounce=True)]),
+        html.Div([html.Label("saves "), dcc.RadioItems(
+            id="whatif-mode", options=[{"label": "synchronous", "value": "sync"},
+                                       {"label": "asynchronous", "value": "async"}],
+            value=c.ckpt_mode if c.ckpt_mode in ("sync", "async") else "sync", inline=True)]),
+        html.Div([html.Label("on a failure "), dcc.Dropdown(
+            id="whatif-elastic", clearable=False, value=c.elastic,
+            options=[{"label": "restart the whole job", "value": "restart"},
+                     {"label": "shrink and go on", "value": "shrink"},
+                     {"label": "swap in a hot spare", "value": "spares"}],
+            style={"width": "16em", "display": "inline-block"})]),
+        html.Div([html.Label("hot spare nodes "),
+                  dcc.Input(id="whatif-spares", type="number", min=0, step=1, value=c.spares,
+                            debounce=True)]),
+        html.Div(dcc.Checklist(id="whatif-evict", options=[
+            {"label": " evict flagged stragglers", "value": "evict"}],
+            value=["evict"] if c.evict_stragglers else [])),
+    ], className="gl-controls gl-whatif-controls")
+
+
+def whatif_body(result: dict[str, Any], cal: Any) -> html.Div:
+    """The comparison and the calibration it rests on."""
+    d = result["delta_points"]
+    sign = "+" if d >= 0 else ""
+    summary = (f"Simulated goodput {fig.pct(result['baseline']['goodput'])} as run, "
+               f"{fig.pct(result['changed']['goodput'])} with the change "
+               f"({sign}{d:.1f} points; {result['trials']} trials each, same seeds). "
+               f"Measured: {fig.pct(result['actual']['goodput'])}.")
+    prov = [[k, _value(getattr(cal.config, k)), v] for k, v in cal.provenance.items()
+            if v.startswith("measured")]
+    return html.Div([
+        html.P(summary, id="whatif-summary", title=f"{d:.4f}", className="gl-callout"),
+        dcc.Graph(figure=fig.whatif_figure(result), id="whatif-graph"),
+        html.H3("Calibration (simulator fitted to this run)"),
+        _table(["field", "value", "from"], prov, id="whatif-calibration"),
+        html.P("Fields not listed keep the simulator's defaults (see docs/simulator.md).",
+               className="gl-note"),
+    ])
+
+
+def _na(v: Any) -> Any:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    return str(v)
