@@ -407,26 +407,31 @@ class Store:
 
     def runs(self) -> pd.DataFrame:
         """One row per run: metadata, attempts, steps summarised, first and last time, state."""
-        return self._df("""
+        return self._runs()
+
+    def _runs(self, run_id: str | None = None) -> pd.DataFrame:
+        only = "WHERE run_id = $run" if run_id is not None else ""
+        return self._df(f"""
             WITH a AS (SELECT run_id, count(*) AS attempts, min(start) AS start,
                          max(coalesce("end", last_activity)) AS last_time,
                          arg_max_null(end_reason, attempt) AS last_reason
-                       FROM attempts GROUP BY run_id),
+                       FROM attempts {only} GROUP BY run_id),
                  s AS (SELECT run_id, count(*) AS steps, max(step) AS last_step
-                       FROM step_summaries GROUP BY run_id)
+                       FROM step_summaries {only} GROUP BY run_id)
             SELECT r.run_id, r.name, r.world_size, r.gpus_per_rank, r.global_batch,
               r.model_params, r.tags, coalesce(a.attempts, 0) AS attempts,
               coalesce(s.steps, 0) AS steps, s.last_step,
               coalesce(a.start, r.first_seen) AS start, a.last_time,
               CASE WHEN a.last_reason = 'completed' THEN 'completed'
                    WHEN a.last_reason IS NULL THEN 'running' ELSE a.last_reason END AS state
-            FROM runs r LEFT JOIN a USING (run_id) LEFT JOIN s USING (run_id)
-            ORDER BY start DESC NULLS LAST, r.run_id""")
+            FROM (SELECT * FROM runs {only}) r LEFT JOIN a USING (run_id)
+              LEFT JOIN s USING (run_id)
+            ORDER BY start DESC NULLS LAST, r.run_id""",
+            {"run": run_id} if run_id is not None else None)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """One run's metadata and overview row, or None when unknown."""
-        df = self.runs()
-        rows = df[df.run_id == run_id].to_dict("records")
+        rows = self._runs(run_id).to_dict("records")
         return rows[0] if rows else None
 
     def attempts(self, run_id: str) -> pd.DataFrame:

@@ -120,7 +120,7 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         v = data.version(run_id)
         if v is None:
             return pages.not_found(f"run {run_id!r} is gone"), None
-        key = [*v, attempt, pool]
+        key = [*v, attempt, pool, data.findings_ready(run_id)]
         if shown is not None and key == list(shown) and dash.ctx.triggered_id == "tick":
             return NO, NO
         rk = data.ranks(run_id, None if attempt is None else int(attempt))

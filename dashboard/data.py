@@ -12,6 +12,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,9 @@ class RunData:
         self.store = store
         self.config = config or DashConfig()
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
+        # batch straggler scans run here, one at a time, off the callback threads
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="goodlens-scan")
+        self._scans: dict[tuple, Future] = {}
         self._lock = threading.Lock()
         self._max = max_entries
 
@@ -137,7 +141,8 @@ class RunData:
         v = self.version(run_id)
         if v is None:
             return None
-        return self._cached(("ranks", run_id, v, attempt),
+        ready = self.findings_ready(run_id)
+        return self._cached(("ranks", run_id, v, attempt, ready),
                             lambda: self._ranks(run_id, attempt))
 
     def _ranks(self, run_id: str, attempt: int | None) -> dict[str, Any]:
@@ -161,18 +166,36 @@ class RunData:
             out["window"] = (s0, s1, ranks)
             hosts = self.store.host_compute(run_id, attempt, s0, s1)
             out["hosts"] = _host_rollup(hosts, run_tags(self.store.run(run_id)))
+        out["findings"], out["findings_source"] = self.findings(run_id)
+        return out
+
+    def findings(self, run_id: str, wait: bool = False) -> tuple[list[dict[str, Any]], str]:
+        """``(findings, source)``: what the live detector stored (``live``), else a batch pass
+        over the step records run on a background thread (``batch`` once done, ``pending``
+        meanwhile, unless ``wait``), or ``too-large`` for a run over ``detect_max_rows``."""
         found = stored_findings(self.store, run_id)
         if found:
-            out["findings"], out["findings_source"] = found, "live"
-        else:
-            info = self.store.run(run_id) or {}
-            rows = int(info.get("steps") or 0) * int(info.get("world_size") or 1)
-            if rows <= cfg.detect_max_rows:
-                out["findings"] = finding_dicts(detect_run(self.store, run_id))
-                out["findings_source"] = "batch"
-            else:
-                out["findings_source"] = "too-large"
-        return out
+            return found, "live"
+        v = self.version(run_id)
+        info = self.store.run(run_id) or {}
+        rows = int(info.get("steps") or 0) * int(info.get("world_size") or 1)
+        if rows > self.config.detect_max_rows:
+            return [], "too-large"
+        key = ("batch-findings", run_id, v)
+        with self._lock:
+            fut = self._scans.get(key)
+            if fut is None:
+                fut = self._scans[key] = self._pool.submit(
+                    lambda: finding_dicts(detect_run(self.store, run_id)))
+                while len(self._scans) > self._max:
+                    self._scans.pop(next(iter(self._scans)))
+        if not wait and not fut.done():
+            return [], "pending"
+        return fut.result(), "batch"
+
+    def findings_ready(self, run_id: str) -> bool:
+        """Whether :meth:`findings` would answer without waiting."""
+        return self.findings(run_id)[1] != "pending"
 
     def whatif_calibration(self, run_id: str) -> Any:
         """The simulator calibrated to the run (cached per version)."""
@@ -182,8 +205,7 @@ class RunData:
             return None
 
         def build() -> Any:
-            rk = self.ranks(run_id)
-            return calibrate(self.store, run_id, findings=rk["findings"] if rk else None)
+            return calibrate(self.store, run_id, findings=self.findings(run_id, wait=True)[0])
         return self._cached(("calibration", run_id, v), build)
 
     def whatif(self, run_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:

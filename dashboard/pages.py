@@ -160,6 +160,8 @@ _FINDINGS_SOURCE = {
     "batch": "found by a batch pass over this run's step records (no live detector saw it)",
     "too-large": "this run is too large for a batch pass here and no live detector flagged "
                  "anything; run `goodlens detect --db FILE --run ID`",
+    "pending": "scanning this run's step records for stragglers (no live detector saw it); "
+               "the table fills in when the scan ends",
     "none": "",
 }
 
@@ -175,7 +177,8 @@ def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
               for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0))]
     findings = (_table(["subject", "attempt", "from step", "detected at", "slowdown", "wait so far",
                         "wait per hour", "action", "confidence"], f_rows, id="findings-table")
-                if f_rows else html.P("No persistent straggler.", id="findings-none"))
+                if f_rows else html.P("" if d["findings_source"] == "pending"
+                                      else "No persistent straggler.", id="findings-none"))
     window = d.get("window")
     note = (f"steps {window[0]:,}-{window[1]:,} of attempt {d['attempt']}, {window[2]:,} ranks"
             if window else "")

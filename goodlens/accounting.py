@@ -180,6 +180,25 @@ class Accounting:
         """One breakdown per attempt (each attempt owns the time until the next one starts)."""
         return [self.breakdown(attempt=a) for a in sorted(self.attempt_spans)]
 
+    def cumulative(self, times: np.ndarray) -> np.ndarray:
+        """Seconds per account key from the run's start up to each of ``times``: an array
+        of shape ``(len(times), len(keys))``. Segments are contiguous and ordered, so this is
+        a prefix sum over whole segments plus the part of the one ``t`` falls in."""
+        t = np.asarray(times, dtype=float)
+        n, k = len(self.seg_start), len(self.keys)
+        if not n:
+            return np.zeros((len(t), k))
+        onehot = np.zeros((n, k))
+        onehot[np.arange(n), self.seg_key] = self.seg_len
+        prefix = np.vstack([np.zeros(k), np.cumsum(onehot, axis=0)])
+        full = np.searchsorted(self.seg_end, t, side="right")  # segments ended by t
+        out = prefix[np.minimum(full, n)]
+        part = full < n
+        i = full[part]
+        out[np.flatnonzero(part), self.seg_key[i]] += np.clip(t[part] - self.seg_start[i], 0,
+                                                              None)
+        return out
+
     def goodput_series(self, window_s: float | None = None, points: int = 200) -> pd.DataFrame:
         """Rolling goodput: for ``points`` window ends across the run, the productive share
         (and every bucket's share) of the preceding ``window_s`` (default: 1/20 of the run)."""
@@ -188,13 +207,17 @@ class Accounting:
         span = self.end - self.start
         w = window_s or span / 20
         ends = np.linspace(self.start + min(w, span), self.end, points)
-        rows = []
-        for t in ends:
-            b = self.breakdown(max(self.start, t - w), t)
-            rows.append({"time": t, "goodput": b.goodput,
-                         **{k: (v or 0.0) / b.wall_clock_s if b.wall_clock_s else 0.0
-                            for k, v in b.buckets.items()}})
-        return pd.DataFrame(rows)
+        lo = np.maximum(self.start, ends - w)
+        per_key = self.cumulative(ends) - self.cumulative(lo)
+        wall = ends - lo
+        share = np.divide(per_key, wall[:, None], out=np.zeros_like(per_key),
+                          where=wall[:, None] > 0)
+        out = {"time": ends}
+        for b in BUCKETS:
+            cols = [j for j, key in enumerate(self.keys) if key.split(":")[0] == b]
+            out[b] = share[:, cols].sum(axis=1) if cols else np.zeros(len(ends))
+        out["goodput"] = out["productive"]
+        return pd.DataFrame(out)[["time", "goodput", *BUCKETS]]
 
 
 def report_dict(source: RunSource, run_id: str | None = None, since: str | float | None = None,

@@ -488,3 +488,27 @@ def test_a_memory_save_with_only_a_durable_end_is_not_paired_with_the_next_save(
     b = run.account().breakdown()
     check_invariants(b)
     assert b.buckets["checkpoint_stall"] == pytest.approx(1.0 + 3.0)
+
+
+def test_goodput_series_equals_window_breakdowns(tmp_path):
+    """The vectorised rolling series (prefix sums) gives each window's breakdown shares."""
+    from collector.replay import import_trace
+    from goodlens.accounting import BUCKETS
+    from tests.conftest import ROOT
+    s = Store(tmp_path / "sample.duckdb")
+    try:
+        import_trace(s, ROOT / "sample_data" / "sim-64")
+        s.summarize_dirty()
+        acc = account_run(s, "sim-64")
+    finally:
+        s.close()
+    for w in (None, 300.0, 5000.0):
+        series = acc.goodput_series(window_s=w, points=37)
+        width = w or (acc.end - acc.start) / 20
+        for row in series.itertuples():
+            b = acc.breakdown(max(acc.start, row.time - width), row.time)
+            for bucket in BUCKETS:
+                want = (b.buckets[bucket] or 0.0) / b.wall_clock_s
+                # epoch-second doubles resolve about 0.2 us: shares agree to 1e-6
+                assert getattr(row, bucket) == pytest.approx(want, abs=1e-6), (w, bucket)
+        assert np.allclose(series[list(BUCKETS)].sum(axis=1), 1.0)

@@ -158,7 +158,11 @@ def test_heatmap_max_pooling_keeps_one_slow_rank_visible(tmp_path: Path) -> None
 def test_ranks_data_finds_the_planted_rank_in_a_batch_pass(tmp_path: Path) -> None:
     store = _grid_store(tmp_path, ranks=64, steps=200, slow_rank=21, slowdown=0.15)
     try:
-        d = RunData(store).ranks("g")
+        data = RunData(store)
+        first = data.ranks("g")  # the batch scan runs off the callback thread
+        assert first["findings_source"] in ("pending", "batch")
+        data.findings("g", wait=True)
+        d = data.ranks("g")
         assert d["findings_source"] == "batch"
         subjects = {(f["subject_kind"], str(f["subject_id"])) for f in d["findings"]}
         assert ("rank", "21") in subjects
