@@ -11,7 +11,7 @@ APT_PACKAGES := chromium chromium-driver prometheus
 
 SAMPLES := $(patsubst %/manifest.json,%,$(wildcard sample_data/*/manifest.json))
 
-.PHONY: run test lint bench sample-data clean system-deps
+.PHONY: run test lint bench sample-data clean system-deps screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,7 @@ system-deps:
 run: $(VENV)/.stamp-run
 	@mkdir -p $(dir $(DB))
 	@echo "goodlens: collector on http://127.0.0.1:$(PORT) with the sample traces in $(DB)"
+	@echo "  dashboard: http://127.0.0.1:$(PORT)/"
 	@echo "  runs:    $(BIN)/goodlens runs --url http://127.0.0.1:$(PORT)"
 	@echo "  metrics: http://127.0.0.1:$(PORT)/metrics"
 	$(BIN)/goodlens serve --db $(DB) --port $(PORT) $(addprefix --load ,$(SAMPLES))
@@ -58,6 +59,10 @@ bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/accounting.py
 	$(BIN)/python bench/simulate.py
 	$(BIN)/python bench/detectors.py
+	$(BIN)/python bench/dashboard.py
+
+screenshots: $(VENV)/.stamp-test system-deps
+	$(BIN)/python docs/screenshots.py
 
 sample-data: $(VENV)/.stamp-run
 	$(BIN)/python sample_data/generate.py
