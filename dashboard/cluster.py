@@ -1,16 +1,246 @@
-"""The cluster what-if page: two scheduling policy sets side by side (issue 9)."""
+"""The cluster what-if page: two scheduling policy sets on the same simulated cluster.
+
+Operators ask what gang scheduling, topology-aware placement, checkpoint-on-preempt, fair
+share and a shared spare pool would buy them. The page runs
+:func:`goodlens.clustersim.compare` (same seed, same jobs and failures for both sides) and
+shows the cluster numbers side by side, where the node-hours went, each owner's share and
+wait, and the allocation over time. Figure builders here are pure (plain dicts in, Plotly
+figures out); the callback only parses the form and caches results.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
-from dash import html
+import plotly.graph_objects as go
+from dash import Input, Output, dcc, html
+from plotly.subplots import make_subplots
+
+from dashboard.figures import BUCKET_COLORS, label
+from goodlens.units import format_duration
+
+DEFAULT_A = {"gang": True, "topo": False, "fair": False, "preempt": "none", "spares": 0}
+DEFAULT_B = {"gang": True, "topo": True, "fair": True, "preempt": "ckpt", "spares": 8}
+_LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
+_METRICS = [  # key, label, kind (share, seconds, count)
+    ("utilisation", "utilisation (nodes allocated)", "share"),
+    ("goodput_weighted_utilisation", "goodput-weighted utilisation", "share"),
+    ("useful_utilisation", "useful utilisation (new work)", "share"),
+    ("jobs_done", "jobs done", "count"),
+    ("mean_wait_s", "mean queue wait", "seconds"),
+    ("p95_wait_s", "95th percentile wait", "seconds"),
+    ("longest_starvation_s", "longest starvation", "seconds"),
+    ("mean_turnaround_s", "mean turnaround", "seconds"),
+    ("preemptions", "preemptions", "count"),
+    ("preemption_loss_node_s", "work lost to preemption (node-h)", "node_h"),
+    ("mean_topology_penalty", "mean topology penalty (step time)", "share"),
+    ("held_idle_node_s", "nodes held idle by partial grants (node-h)", "node_h"),
+    ("spare_swaps", "spare swaps", "count"),
+    ("failures", "node failures", "count"),
+]
+_cache: OrderedDict[tuple, dict] = OrderedDict()
+_lock = threading.Lock()
+
+
+def policy_spec(side: dict[str, Any]) -> str:
+    """The form's levers as a policy string (``gang,topo,ckpt-preempt,fair,spares=8``)."""
+    return ",".join([
+        "gang" if side.get("gang") else "partial", "topo" if side.get("topo") else "random",
+        {"ckpt": "ckpt-preempt", "kill": "kill-preempt"}.get(side.get("preempt") or "none",
+                                                             "no-preempt"),
+        "fair" if side.get("fair") else "fifo", f"spares={int(side.get('spares') or 0)}"])
+
+
+def run_compare(preset: str, spec_a: str, spec_b: str, seed: int) -> dict[str, Any]:
+    """``compare`` for the page, cached (a preset and two specs always give one answer)."""
+    from goodlens.clusterconfig import get_cluster_preset
+    from goodlens.clustersim import compare
+    key = (preset, spec_a, spec_b, seed)
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+    out = compare(get_cluster_preset(preset), spec_a, spec_b, seed)
+    with _lock:
+        _cache[key] = out
+        while len(_cache) > 16:
+            _cache.popitem(last=False)
+    return out
+
+
+def fmt_metric(value: float | None, kind: str) -> str:
+    """A metric as the table shows it."""
+    if value is None:
+        return "n/a"
+    if kind == "share":
+        return f"{100 * value:.1f}%"
+    if kind == "seconds":
+        return format_duration(value)
+    if kind == "node_h":
+        return f"{value / 3600:,.0f}"
+    return f"{value:,.0f}"
+
+
+def metric_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Rows of the side-by-side table: metric, A, B, B - A."""
+    by = {m["metric"]: m for m in result["metrics"]}
+    rows = []
+    for key, name, kind in _METRICS:
+        m = by.get(key)
+        if m is None:
+            continue
+        d = m["delta"]
+        delta = ("+" if d is not None and d > 0 else "") + fmt_metric(d, kind) \
+            if kind != "seconds" else (("+" if d > 0 else "-") + format_duration(abs(d)))
+        rows.append([name, fmt_metric(m["a"], kind), fmt_metric(m["b"], kind), delta])
+    return rows
+
+
+def node_hours_figure(result: dict[str, Any]) -> go.Figure:
+    """Left: the cluster's node-hours (allocated, held idle, spare pool, free, down; they sum
+    to nodes x duration). Right: the jobs' node-hours in ``goodlens report``'s buckets (job
+    wall-clock x nodes; a restart's queue wait holds no node, so the two totals differ)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "cluster node-hours", "job node-hours by bucket"))
+    sides = [("a", "A"), ("b", "B")]
+    xs = [n for _, n in sides]
+    cluster = [("allocated", "allocated to jobs", "#2ca02c"),
+               ("held_idle", "held idle (partial grants)", "#c7c7c7"),
+               ("spare_idle", "spare pool idle", "#dbdb8d"), ("free_idle", "free", "#e8e8e8"),
+               ("down", "down (failed)", "#525252")]
+    for key, name, colour in cluster:
+        ys = [result[s]["cluster"]["node_seconds"].get(key, 0.0) / 3600 for s, _ in sides]
+        fig.add_bar(x=xs, y=ys, name=name, marker_color=colour, row=1, col=1,
+                    hovertemplate=f"{name}: %{{y:,.0f}} node-h<extra></extra>")
+    for b in BUCKET_COLORS:
+        key = "productive" if b == "productive" else f"job_{b}"
+        ys = [result[s]["cluster"]["node_seconds"].get(key, 0.0) / 3600 for s, _ in sides]
+        fig.add_bar(x=xs, y=ys, name=label(b), marker_color=BUCKET_COLORS[b], row=1, col=2,
+                    hovertemplate=f"{label(b)}: %{{y:,.0f}} node-h<extra></extra>")
+    fig.update_layout(barmode="stack", height=420, template="plotly_white",
+                      margin=_LAYOUT["margin"], legend={"orientation": "h", "y": -0.15},
+                      title=f"A: {result['a']['policy']}   B: {result['b']['policy']}")
+    fig.update_yaxes(title_text="node-hours", row=1, col=1)
+    return fig
+
+
+def owners_figure(result: dict[str, Any]) -> go.Figure:
+    """Each owner's share of the allocated nodes (against its target) and mean wait."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("share used vs target",
+                                                        "mean queue wait (hours)"))
+    owners = list(result["a"]["owners"])
+    for s, name, colour in (("a", "A", "#1f77b4"), ("b", "B", "#ff7f0e")):
+        o = result[s]["owners"]
+        fig.add_bar(x=owners, y=[100 * o[w]["share_used"] for w in owners], name=name,
+                    marker_color=colour, row=1, col=1, legendgroup=name)
+        fig.add_bar(x=owners, y=[o[w]["mean_wait_s"] / 3600 for w in owners], name=name,
+                    marker_color=colour, row=1, col=2, legendgroup=name, showlegend=False)
+    fig.add_scatter(x=owners, y=[100 * result["a"]["owners"][w]["share_target"]
+                                 for w in owners], mode="markers", name="target share",
+                    marker={"symbol": "line-ew-open", "size": 30, "color": "#222"},
+                    row=1, col=1)
+    fig.update_layout(template="plotly_white", height=340, barmode="group",
+                      margin=_LAYOUT["margin"], legend={"orientation": "h", "y": -0.2})
+    fig.update_yaxes(title_text="% of allocated node-time", row=1, col=1)
+    return fig
+
+
+def timeline_figure(result: dict[str, Any]) -> go.Figure:
+    """Nodes allocated and jobs waiting over simulated time, A against B."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("nodes allocated", "jobs waiting"))
+    for s, name, colour in (("a", "A", "#1f77b4"), ("b", "B", "#ff7f0e")):
+        tl = result[s]["timeline"]
+        days = [t / 86400 for t in tl["t"]]
+        fig.add_scatter(x=days, y=tl["allocated"], name=name, line={"color": colour},
+                        row=1, col=1, legendgroup=name)
+        fig.add_scatter(x=days, y=tl["pending_jobs"], name=name, line={"color": colour},
+                        row=2, col=1, legendgroup=name, showlegend=False)
+    fig.update_layout(template="plotly_white", height=420, margin=_LAYOUT["margin"],
+                      hovermode="x unified")
+    fig.update_xaxes(title_text="day", row=2, col=1)
+    return fig
+
+
+def _side(prefix: str, title: str, d: dict[str, Any]) -> html.Div:
+    levers = [v for v in ("gang", "topo", "fair") if d[v]]
+    return html.Div([
+        html.H4(title),
+        dcc.Checklist(id=f"{prefix}-levers", value=levers, options=[
+            {"label": " gang scheduling (all or nothing)", "value": "gang"},
+            {"label": " topology-aware placement", "value": "topo"},
+            {"label": " fair share (with aging)", "value": "fair"}]),
+        html.Div([html.Label("preemption "), dcc.RadioItems(
+            id=f"{prefix}-preempt", value=d["preempt"], inline=True, options=[
+                {"label": "none", "value": "none"}, {"label": "kill", "value": "kill"},
+                {"label": "checkpoint first", "value": "ckpt"}])]),
+        html.Div([html.Label("shared hot spares "), dcc.Input(
+            id=f"{prefix}-spares", type="number", min=0, step=1, value=d["spares"],
+            debounce=True)]),
+    ], className="gl-card")
 
 
 def cluster_layout() -> html.Div:
-    """Placeholder until the cluster simulator lands."""
-    return html.Div([html.H2("Cluster what-if"), html.P("not available yet", id="cluster-na")])
+    """The form (preset, seed, two policy sets) and the result area."""
+    from goodlens.clusterconfig import CLUSTER_PRESETS
+    return html.Div([
+        html.H2("Cluster what-if: two scheduling policy sets"),
+        html.P("The same simulated cluster, jobs and node failures under two policy sets "
+               "(docs/cluster.md). Job time is in goodlens report's buckets; queue wait "
+               "is outside a job's wall-clock.", className="gl-note"),
+        html.Div([
+            html.Div([html.Label("cluster "), dcc.Dropdown(
+                id="cluster-preset", value="demo-256", clearable=False,
+                options=[{"label": f"{k}: {v.description}" if getattr(v, "description", "")
+                          else k, "value": k} for k, v in CLUSTER_PRESETS.items()],
+                style={"width": "34em"})]),
+            html.Div([html.Label("seed "), dcc.Input(id="cluster-seed", type="number",
+                                                    value=0, step=1, debounce=True)]),
+        ], className="gl-controls"),
+        html.Div([_side("cluster-a", "A", DEFAULT_A), _side("cluster-b", "B", DEFAULT_B)],
+                 className="gl-compare"),
+        dcc.Loading(html.Div(id="cluster-body")),
+    ])
+
+
+def cluster_body(result: dict[str, Any]) -> html.Div:
+    """The comparison: table, node-hours, owners, timeline."""
+    rows = metric_rows(result)
+    table = html.Table([
+        html.Thead(html.Tr([html.Th(h) for h in ("", f"A: {result['a']['policy']}",
+                                                 f"B: {result['b']['policy']}", "B - A")])),
+        html.Tbody([html.Tr([html.Td(c) for c in r]) for r in rows])],
+        className="gl-table", id="cluster-metrics")
+    return html.Div([
+        table,
+        dcc.Graph(figure=node_hours_figure(result), id="cluster-graph"),
+        dcc.Graph(figure=owners_figure(result), id="cluster-owners-graph"),
+        dcc.Graph(figure=timeline_figure(result), id="cluster-timeline-graph"),
+    ])
 
 
 def register_cluster_callbacks(app: Any) -> None:
-    """No callbacks yet."""
+    """The page's one callback: form in, comparison out."""
+    @app.callback(Output("cluster-body", "children"), Input("cluster-preset", "value"),
+                  Input("cluster-seed", "value"),
+                  Input("cluster-a-levers", "value"), Input("cluster-a-preempt", "value"),
+                  Input("cluster-a-spares", "value"), Input("cluster-b-levers", "value"),
+                  Input("cluster-b-preempt", "value"), Input("cluster-b-spares", "value"))
+    def update(preset: str, seed: Any, a_levers: list[str], a_pre: str, a_sp: Any,
+               b_levers: list[str], b_pre: str, b_sp: Any) -> Any:
+        try:
+            specs = [policy_spec({**{k: k in (lv or []) for k in ("gang", "topo", "fair")},
+                                  "preempt": pre, "spares": _count(sp)})
+                     for lv, pre, sp in ((a_levers, a_pre, a_sp), (b_levers, b_pre, b_sp))]
+            result = run_compare(preset, specs[0], specs[1], int(seed or 0))
+        except ValueError as exc:
+            return html.P(str(exc), className="gl-error", id="cluster-error")
+        return cluster_body(result)
+
+
+def _count(v: Any) -> int:
+    n = int(v or 0)
+    if n < 0:
+        raise ValueError("spares cannot be negative")
+    return n

@@ -87,10 +87,35 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+class StoreSpec(click.ParamType):
+    """``--db``: a DuckDB file, or ``parquet:DIR`` for a Parquet dataset."""
+
+    name = "PATH|parquet:DIR"
+
+    def __init__(self, exists: bool = False) -> None:
+        self.exists = exists
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value)
+        if text.startswith("parquet:"):
+            folder = Path(text[len("parquet:"):])
+            if self.exists and not (folder / "_goodlens.json").exists():
+                self.fail(f"no goodlens Parquet dataset in {folder}", param, ctx)
+            return text
+        path = Path(text[len("duckdb:"):] if text.startswith("duckdb:") else text)
+        if path.is_dir():
+            self.fail(f"{path} is a directory; for a Parquet dataset pass parquet:{path}",
+                      param, ctx)
+        if self.exists and not path.exists():
+            self.fail(f"{path} does not exist", param, ctx)
+        return str(path)
+
+
 def _open_store(db: str, read_only: bool = True) -> Any:
-    from collector.store import SchemaMismatch, Store
+    from collector.store import SchemaMismatch
+    from collector.store_parquet import open_store
     try:
-        return Store(db, read_only=read_only)
+        return open_store(db, read_only=read_only)
     except (FileNotFoundError, RuntimeError, SchemaMismatch) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -106,8 +131,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(dir_okay=False),
-              help="DuckDB file the collector owns (created if missing).")
+@click.option("--db", required=True, type=StoreSpec(),
+              help="DuckDB file the collector owns (created if missing), or parquet:DIR: a "
+                   "Parquet dataset that several collectors can write at once.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind. Anything but loopback requires --token.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=int,
@@ -155,7 +181,8 @@ def serve(db: str, host: str, port: int, token: str | None, max_body: int,
                               dashboard=dashboard)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    if not db.startswith("parquet:"):
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
     if loads:
         store = _open_store(db, read_only=False)
         try:
@@ -183,7 +210,7 @@ _RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
 
 
 @main.command()
-@click.option("--db", type=click.Path(dir_okay=False),
+@click.option("--db", type=StoreSpec(),
               help="Store file (no collector may hold it).")
 @click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
 @click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
@@ -304,7 +331,7 @@ def report_text(rep: dict[str, Any]) -> str:
 
 
 @main.command()
-@click.option("--db", type=click.Path(dir_okay=False),
+@click.option("--db", type=StoreSpec(),
               help="Store file (no collector may hold it).")
 @click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
 @click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
@@ -373,7 +400,7 @@ def _typed(raw: str, typ: str, name: str) -> Any:
     return raw
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @click.option("--preset", default="demo-64", show_default=True,
               help="Named configuration: llama3-16k, kokolis-1k, demo-64, test-16.")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
@@ -391,12 +418,16 @@ def _typed(raw: str, typ: str, name: str) -> Any:
 @click.option("--max-rows", type=int, default=50_000_000, show_default=True,
               help="Refuse --out traces bigger than this many rank-step rows.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
-def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
+@click.pass_context
+def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int, seed: int,
              sweep_spec: str | None, out: str | None, run_id: str, max_rows: int,
              as_json: bool) -> None:
     """What-if: simulate a training run's goodput under failures, checkpoints, stragglers
     and an elastic policy (Monte Carlo over --trials), in the buckets of `goodlens report`.
+    `goodlens simulate cluster` simulates a whole cluster's scheduler instead.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from dataclasses import replace
 
     from goodlens import simulate as sim
@@ -464,7 +495,7 @@ def simulate(preset: str, sets: tuple[str, ...], trials: int, seed: int,
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--db", required=True, type=StoreSpec(exists=True),
               help="Store file (no collector may hold it).")
 @click.option("--run", "run_id", required=True, help="Run id.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
@@ -499,7 +530,7 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--db", required=True, type=StoreSpec(exists=True),
               help="Store file, opened read-only (no collector may hold it; a running "
                    "collector serves the dashboard itself at its own /).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
@@ -542,7 +573,7 @@ def _import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
 
 @main.command("import")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
-@click.option("--db", required=True, type=click.Path(dir_okay=False),
+@click.option("--db", required=True, type=StoreSpec(),
               help="Store file to load into (created if missing; no collector may hold it).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def import_cmd(trace: str, db: str, as_json: bool) -> None:
@@ -561,7 +592,7 @@ def import_cmd(trace: str, db: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
-@click.option("--db", type=click.Path(dir_okay=False),
+@click.option("--db", type=StoreSpec(),
               help="Load into this store file, offline (no collector may hold it).")
 @click.option("--live", "url", help="Stream through a running collector instead, e.g. "
                                     "http://127.0.0.1:8470.")
@@ -609,7 +640,7 @@ def replay(trace: str, db: str | None, url: str | None, speed: float, token: str
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--db", required=True, type=StoreSpec(exists=True),
               help="Store file (no collector may hold it).")
 @click.option("--run", "run_ids", multiple=True, required=True, help="Run id (repeatable).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
@@ -627,6 +658,7 @@ def export(db: str, run_ids: tuple[str, ...], out: str) -> None:
     click.echo(f"wrote {path}")
 
 
+import goodlens.cli_cluster  # noqa: E402, F401  (registers `goodlens simulate cluster`)
 from goodlens import cli_plan  # noqa: E402, F401  (registers the `goodlens plan` commands)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -295,3 +295,30 @@ def test_checkpoint_and_whatif_figures(sim64: Store) -> None:
     w = fig.whatif_figure(res)
     stacks = np.sum([np.asarray(t.y, float) for t in w.data], axis=0)
     assert np.allclose(stacks, 100, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- cluster page
+def test_cluster_page_pieces() -> None:
+    from dashboard import cluster
+    from goodlens.clusterconfig import Policy
+    for side in (cluster.DEFAULT_A, cluster.DEFAULT_B,
+                 {"gang": False, "topo": True, "fair": False, "preempt": "kill", "spares": 3}):
+        spec = cluster.policy_spec(side)
+        p = Policy.parse(spec)
+        assert (p.gang, p.topo, p.fair, p.preempt, p.spares) == (
+            side["gang"], side["topo"], side["fair"], side["preempt"], side["spares"])
+    a, b = cluster.policy_spec(cluster.DEFAULT_A), cluster.policy_spec(cluster.DEFAULT_B)
+    res = cluster.run_compare("test-64", a, b, 0)
+    assert cluster.run_compare("test-64", a, b, 0) is res  # cached
+    f = cluster.node_hours_figure(res)
+    for i, side in enumerate(("a", "b")):
+        left = sum(t.y[i] for t in f.data if t.xaxis == "x")
+        assert left == pytest.approx(res[side]["cluster"]["node_seconds"]["total"] / 3600)
+    rows = {r[0]: r for r in cluster.metric_rows(res)}
+    m = {x["metric"]: x for x in res["metrics"]}
+    assert rows["jobs done"][1:3] == [f"{m['jobs_done']['a']:,}", f"{m['jobs_done']['b']:,}"]
+    assert rows["utilisation (nodes allocated)"][1] == fig.pct(m["utilisation"]["a"])
+    own = cluster.owners_figure(res)
+    target = next(t for t in own.data if t.name == "target share")
+    assert sum(target.y) == pytest.approx(100.0)
+    assert cluster.cluster_body(res) is not None and cluster.cluster_layout() is not None

@@ -72,7 +72,7 @@ def test_every_page_renders_without_console_errors(loaded: Collector, dash_br, r
              f"runs/{q}/ranks": "#heatmap-graph .main-svg",
              f"runs/{q}/checkpoints": "#ckpt-graph .main-svg",
              f"runs/{q}/whatif": "#whatif-graph .main-svg",
-             "cluster": "#page h2"}
+             "cluster": "#cluster-graph .main-svg"}
     for path, selector in pages.items():
         dash_br.server_url = f"{loaded.url}/{path}"
         dash_br.wait_for_element(selector, timeout=60)
@@ -167,3 +167,16 @@ def test_token_gate(tmp_path: Path) -> None:
         assert http("GET", c.url + "/v1/runs")[0] == 401
     finally:
         c.stop()
+
+
+def test_cluster_page_compares_two_policy_sets(loaded: Collector, dash_br) -> None:
+    dash_br.server_url = loaded.url + "/cluster"
+    dash_br.wait_for_element("#cluster-metrics", timeout=60)
+    head = dash_br.find_element("#cluster-metrics thead").text
+    assert "B: gang,topo,ckpt-preempt,fair,spares=8" in head
+    # untick B's topology-aware placement: the comparison is recomputed for the new set
+    box = dash_br.driver.find_elements(By.CSS_SELECTOR, "#cluster-b-levers input")[1]
+    box.click()
+    dash_br.wait_for_contains_text("#cluster-metrics thead",
+                                   "B: gang,random,ckpt-preempt,fair,spares=8", timeout=60)
+    _no_console_errors(dash_br)
