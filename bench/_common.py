@@ -433,8 +433,9 @@ def _client(w: Workload, client: int, port: int, ready: Any, go: Any, out: Any) 
             ready.abort()
 
 
-def push(w: Workload, port: int, before_go: Any = None) -> PushResult:
-    """Encode every batch in ``w.clients`` processes, then push them all at once.
+def push(w: Workload, port: int | list[int], before_go: Any = None) -> PushResult:
+    """Encode every batch in ``w.clients`` processes, then push them all at once (client
+    ``c`` to ``port[c % len(port)]`` when given several collectors' ports).
 
     Each process pre-encodes its batches and opens one persistent connection before the
     clock starts; ``before_go()`` (if given) runs once all are ready, just before the start.
@@ -445,8 +446,9 @@ def push(w: Workload, port: int, before_go: Any = None) -> PushResult:
     ready = ctx.Barrier(w.clients + 1)
     go = ctx.Event()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_client, args=(w, c, port, ready, go, out), daemon=True)
-             for c in range(w.clients)]
+    ports = port if isinstance(port, list) else [port]
+    procs = [ctx.Process(target=_client, args=(w, c, ports[c % len(ports)], ready, go, out),
+                         daemon=True) for c in range(w.clients)]
     t = time.perf_counter()
     for p in procs:
         p.start()

@@ -45,6 +45,7 @@ from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
 from collector.ingest_arrow import decode_arrow_batch
 from collector.metrics import make_registry
 from collector.store import Store
+from collector.store_parquet import open_store
 from collector.writer import Overloaded, Writer
 from goodlens.accounting import report_dict
 from goodlens.model import SCHEMA_VERSION
@@ -58,7 +59,8 @@ class ServerConfig:
     """How the collector listens and what it accepts."""
 
     db: str
-    """Path of the DuckDB file the collector owns (created if missing)."""
+    """Path of the DuckDB file the collector owns (created if missing), or ``parquet:DIR``
+    for a Parquet dataset several collectors may share (:mod:`collector.store_parquet`)."""
     host: str = "127.0.0.1"
     """Address to bind; anything but loopback requires ``token``."""
     port: int = 8470
@@ -272,7 +274,7 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit)
-    store = Store(config.db, memory_limit=config.memory_limit)
+    store = open_store(config.db, memory_limit=config.memory_limit)
     writer = Writer(store, max_queue_rows=config.max_queue_rows,
                     summarize_interval_s=config.summarize_interval_s).start()
     detection = None

@@ -52,8 +52,9 @@ def _ddl_columns(columns: tuple) -> str:
     return ",\n  ".join(f"{c.name} {_SQL_TYPES[c.kind]}" for c in columns)
 
 
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+#: The tables rows are written to (a Parquet dataset holds the same three, see
+#: :mod:`collector.store_parquet`).
+_DATA_TABLES = f"""
 CREATE TABLE IF NOT EXISTS runs (
   run_id VARCHAR PRIMARY KEY,
   {_ddl_columns(RUN_COLUMNS)},
@@ -67,6 +68,12 @@ CREATE TABLE IF NOT EXISTS events (
   run_id VARCHAR,
   {_ddl_columns(EVENT_COLUMNS)}
 );
+"""
+
+#: What every store keeps next to its rows: the step ranges awaiting summaries and the
+#: summaries themselves, and the attempts view over events and summaries.
+_DERIVED = f"""
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS dirty (run_id VARCHAR, attempt BIGINT, lo BIGINT, hi BIGINT);
 CREATE TABLE IF NOT EXISTS step_summaries (
   run_id VARCHAR, attempt BIGINT, step BIGINT,
@@ -110,6 +117,8 @@ SELECT run_id, attempt, start,
   last_activity
 FROM a WINDOW w AS (PARTITION BY run_id ORDER BY attempt);
 """
+
+_SCHEMA = _DATA_TABLES + _DERIVED
 
 _SUMMARY_SELECT = """
 SELECT run_id, attempt, step, count(*), min(start_time), max(start_time + duration_s),
@@ -390,6 +399,12 @@ class Store:
             con.execute("ROLLBACK")
             raise
         return int(total)
+
+    def external_changes(self) -> bool:
+        """Whether other processes may have added rows to summarise (never, for a DuckDB
+        file this process owns; a Parquet dataset shared by collectors says yes now and
+        then)."""
+        return False
 
     def has_dirty(self) -> bool:
         """Whether some step ranges await summarising."""

@@ -237,7 +237,7 @@ class _Summarizer:
             with self._lock:
                 waiting, self._waiting = self._waiting, []
             stopping = self._stop
-            if self._dirty or waiting or stopping:
+            if self._dirty or waiting or stopping or self.store.external_changes():
                 self._dirty = False
                 self._summarize(con)
             for ev in waiting:

@@ -59,7 +59,7 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
 
     import uvicorn
 
-    from collector.store import Store
+    from collector.store_parquet import open_store
     from dashboard.app import create_app
 
     def _exit(signum: int, frame: Any) -> None:
@@ -67,7 +67,7 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit)
-    store = Store(db, read_only=True)
+    store = open_store(db, read_only=True)
     try:
         app = dashboard_asgi(create_app(store, config))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,

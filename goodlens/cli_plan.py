@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from goodlens.cli import Duration, _clean, _echo_json, _open_store, main, table
+from goodlens.cli import Duration, StoreSpec, _clean, _echo_json, _open_store, main, table
 from goodlens.units import format_duration
 
 
@@ -50,7 +50,7 @@ def _plain(obj: Any) -> Any:
 
 
 @main.group(invoke_without_command=True)
-@click.option("--db", type=click.Path(exists=True, dir_okay=False),
+@click.option("--db", type=StoreSpec(exists=True),
               help="Measured mode: a store file (no collector may hold it).")
 @click.option("--run", "run_id", help="Measured mode: the run to measure.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")

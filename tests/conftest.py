@@ -46,15 +46,17 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
 class Collector:
     """A real `goodlens serve` process on a free loopback port."""
 
-    def __init__(self, db: Path, *extra: str) -> None:
-        self.db = db
+    def __init__(self, db: Path | str, *extra: str) -> None:
+        self.db = db  # a DuckDB file, or "parquet:DIR"
         self.extra = extra
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        where = Path(str(db).removeprefix("parquet:"))
+        self.log = where.with_name(f"{where.stem}-{self.port}.log")
 
     def start(self, timeout: float = 30.0) -> Collector:
-        log = open(self.db.with_suffix(".log"), "ab")  # noqa: SIM115 - closed with the process
+        log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [*GOODLENS, "serve", "--db", str(self.db), "--port", str(self.port),
              "--log-level", "warning", *self.extra],
@@ -62,7 +64,7 @@ class Collector:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited: {self.db.with_suffix('.log').read_text()}")
+                raise RuntimeError(f"collector exited: {self.log.read_text()}")
             try:
                 if http("GET", self.url + "/healthz", timeout=1)[0] == 200:
                     return self

@@ -1,0 +1,115 @@
+"""Scale-out ingest: 1, 2 and 4 collector processes writing one Parquet dataset, against
+one collector on a DuckDB file; and bytes per rank-step on disk for each backend.
+
+Each configuration starts N ``goodlens serve --db parquet:DIR`` processes on a fresh
+dataset (and, as the baseline in the same run, one ``goodlens serve --db FILE``); pusher
+processes own disjoint ranks and send pre-encoded Arrow batches, client ``c`` to collector
+``c % N``. Wall time runs from the first push to the last 200 (a 200 means the segment is
+renamed into place and fsynced). Then the collectors are stopped, the dataset is opened
+with :class:`collector.store_parquet.ParquetStore` and its (deduplicated) row count checked
+against what was sent, and its size on disk measured before and after compaction.
+
+On this 2-core machine the collectors and the pushers share the same two cores, so more
+collectors cannot add CPU; the table shows what they cost and that nothing is lost.
+
+    .venv/bin/python bench/scaleout.py [--rows 4000000] [--collectors 1 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    Collector,
+    machine,
+    push,
+    stored_rows,
+    table,
+    workdir,
+    workload_arguments,
+    workload_from,
+)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*.parquet"))
+
+
+class ParquetCollector(Collector):
+    """A collector on a shared Parquet dataset (``--db parquet:DIR``)."""
+
+    dataset: Path | None = None
+
+    @property
+    def db(self) -> Path:  # type: ignore[override]
+        return Path(f"parquet:{self.dataset}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    workload_arguments(ap, rows=4_000_000)
+    ap.add_argument("--collectors", type=int, nargs="+", default=[1, 2, 4])
+    args = ap.parse_args()
+    base_w = dataclasses.replace(workload_from(ap, args), wire="arrow")
+    print(machine())
+    print(f"workload: {base_w.describe()}, Arrow IPC", flush=True)
+    rows, sizes = [], []
+    with workdir(args.keep, args.tmp) as tmp:
+        (tmp / "duckdb").mkdir()
+        single = Collector(tmp / "duckdb", extra_args=["--no-detect", "--no-dashboard"]).start()
+        try:
+            res = push(base_w, single.port)
+            single.sync()
+        finally:
+            single.stop()
+        counts = stored_rows(single.db)
+        base_rate = res.rows_per_s
+        rows.append(["1 collector, DuckDB file (baseline)", f"{res.rows:,}", f"{res.wall_s:.2f}",
+                     f"{res.rows_per_s:,.0f}", "1.00x", "ok" if counts["steps"] == res.rows
+                     else "MISMATCH"])
+        sizes.append(["DuckDB file", f"{single.db_bytes() / res.rows:.1f}"])
+        for n in args.collectors:
+            w = dataclasses.replace(base_w, clients=max(base_w.clients, n))
+            dataset = tmp / f"parquet-{n}"
+            procs = []
+            for i in range(n):
+                (tmp / f"c{n}-{i}").mkdir()
+                c = ParquetCollector(tmp / f"c{n}-{i}",
+                                     extra_args=["--no-detect", "--no-dashboard"])
+                c.dataset = dataset
+                procs.append(c.start())
+            try:
+                res = push(w, [c.port for c in procs])
+            finally:
+                for c in procs:
+                    c.stop()
+            from collector.store_parquet import ParquetStore
+            store = ParquetStore(dataset)
+            stored = store.row_counts()["steps"]
+            files = len(list((dataset / "steps").rglob("*.parquet")))
+            before = _dir_bytes(dataset)
+            store.compact(min_files=2)
+            after = _dir_bytes(dataset)
+            store.close()
+            rows.append([f"{n} collector(s), one Parquet dataset", f"{res.rows:,}",
+                         f"{res.wall_s:.2f}", f"{res.rows_per_s:,.0f}",
+                         f"{res.rows_per_s / base_rate:.2f}x",
+                         "ok" if stored == res.rows else f"MISMATCH ({stored:,})"])
+            sizes.append([f"Parquet, {n} collector(s), {files} segments",
+                          f"{before / res.rows:.1f}"])
+            sizes.append([f"Parquet, {n} collector(s), compacted", f"{after / res.rows:.1f}"])
+    print()
+    print(table(rows, ["configuration", "rows", "wall s", "rows/s", "vs DuckDB",
+                       "stored = sent"], markdown=True))
+    print()
+    print(table(sizes, ["backend", "bytes per rank-step"], markdown=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The Parquet segment store: one dataset that several collectors write and any engine reads.
+
+One DuckDB file behind one process does not hold a 100,000-GPU job for months. This backend
+writes hive-partitioned Parquet segments that DuckDB, Spark or Trino read as one dataset::
+
+    DIR/_goodlens.json                                   schema version
+    DIR/steps/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<n>.parquet
+    DIR/events/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<n>.parquet
+    DIR/runs/<writer>-<n>.parquet                        run metadata, later rows win
+
+``<run>`` is percent-encoded (Hive's convention; DuckDB, Spark and Trino decode it) and the
+hour is the UTC hour of a step's start or an event's time.
+
+Why it works without coordination:
+
+- every collector names its files ``<writer id>-<sequence>`` (host, pid, random), so two
+  writers never touch the same file;
+- a segment is written to a hidden temporary name, fsynced, then renamed into place (and
+  the directory fsynced): a reader sees a whole segment or none, and a collector killed
+  mid-write leaves only a ``.*.inprogress`` file no reader's ``*.parquet`` glob matches;
+- readers deduplicate by key (a step is ``(run, attempt, rank, step)``, an event ``(run,
+  source, seq)``), so a batch two collectors both stored, or rows a compaction has copied
+  but not yet removed, count once;
+- compaction (:meth:`ParquetStore.compact`) merges a partition's small segments into one,
+  renames it into place, then removes the sources. A reader that listed a removed file
+  retries its query.
+
+The read API is :class:`~collector.store.Store`'s, unchanged: this class runs DuckDB in
+memory with *views* named ``steps``, ``events`` and ``runs`` over the dataset, and keeps
+``step_summaries`` (and ``dirty``) in memory, rebuilt from the segments it has not yet seen
+(its own and other collectors') each time it summarises. Accounting, detectors, reports and
+the dashboard therefore work on either backend. Opening a dataset summarises every segment
+once (minutes for hundreds of millions of rows).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.ingest import Batch
+from collector.store import (
+    _DATA_TABLES,
+    _DERIVED,
+    _EVENT_NAMES,
+    _RUN_NAMES,
+    _STEP_NAMES,
+    SchemaMismatch,
+    Store,
+    WriteResult,
+    _first_time,
+)
+from goodlens.model import SCHEMA_VERSION
+
+_KEYS = {"steps": ("run_id", "attempt", "rank", "step"), "events": ("run_id", "source", "seq")}
+_ORDER = {"steps": ("attempt", "step", "rank"), "events": ("time", "source", "seq")}
+_TIME = {"steps": "start_time", "events": "time"}
+_HIVE = "hive_partitioning = true, hive_types = {'run_id': VARCHAR, 'hour': VARCHAR}"
+
+
+def hour_of(t: np.ndarray) -> np.ndarray:
+    """Hours since the epoch of epoch seconds (named ``YYYYMMDDHH`` UTC on disk)."""
+    return np.floor(np.asarray(t, dtype=float) / 3600).astype("int64")
+
+
+def _hour_name(h: int) -> str:
+    return time.strftime("%Y%m%d%H", time.gmtime(int(h) * 3600))
+
+
+class ParquetStore(Store):
+    """A goodlens Parquet dataset (``--store parquet:DIR``); see the module docstring."""
+
+    def __init__(self, root: str | Path, *, read_only: bool = False,
+                 memory_limit: str | None = None, threads: int | None = None,
+                 writer_id: str | None = None, compact_min_files: int = 8,
+                 compact_after_s: float = 300.0, rescan_every_s: float = 2.0) -> None:
+        self.root = Path(root)
+        self.path = f"parquet:{self.root}"
+        self.read_only = read_only
+        marker = self.root / "_goodlens.json"
+        if read_only and not marker.exists():
+            raise FileNotFoundError(f"no goodlens Parquet dataset at {self.root}")
+        if not read_only:
+            for sub in ("steps", "events", "runs"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if not marker.exists():
+                _atomic_write_bytes(marker, json.dumps(
+                    {"format": "goodlens-parquet", "schema_version": SCHEMA_VERSION}).encode())
+        found = json.loads(marker.read_text()).get("schema_version")
+        if found != SCHEMA_VERSION:
+            raise SchemaMismatch(f"{self.root} has schema version {found}; this goodlens reads "
+                                 f"version {SCHEMA_VERSION}")
+        config: dict[str, Any] = {}
+        if memory_limit:
+            config["memory_limit"] = memory_limit
+        if threads:
+            config["threads"] = threads
+        self._con = duckdb.connect(":memory:", config=config)
+        self._local = threading.local()
+        self._con.execute(_DATA_TABLES.replace("CREATE TABLE IF NOT EXISTS ",
+                                               "CREATE TABLE _empty_"))
+        self.writer_id = writer_id or (f"{socket.gethostname()}-{os.getpid()}-"
+                                       f"{uuid.uuid4().hex[:6]}")
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._views: dict[str, bool] = {}
+        self._marks: dict[tuple[str, int], np.ndarray] = {}
+        self._event_marks: dict[tuple[str, str], int] = {}
+        self.compact_min_files = compact_min_files
+        self.compact_after_s = compact_after_s
+        self.rescan_every_s = rescan_every_s
+        self._last_scan = 0.0
+        self._last_compact = time.monotonic()
+        self._define_views()
+        self._con.execute(_DERIVED)
+        self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        self._rescan()
+        self.summarize_dirty()
+        self._known_runs = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
+
+    # ------------------------------------------------------------------ views
+    def _define_views(self, cur: duckdb.DuckDBPyConnection | None = None) -> None:
+        """(Re)point ``steps``, ``events`` and ``runs`` at the dataset once it has files."""
+        cur = cur or self._con
+        for table in ("steps", "events", "runs"):
+            has = any((self.root / table).glob("**/*.parquet")) if self.root.exists() else False
+            if self._views.get(table) == has:
+                continue
+            if not has:
+                cur.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _empty_{table}")
+            elif table == "runs":
+                meta = ", ".join(f"arg_max({c}, written) FILTER (WHERE {c} IS NOT NULL) AS {c}"
+                                 for c in _RUN_NAMES)
+                cur.execute(f"""CREATE OR REPLACE VIEW runs AS
+                    SELECT run_id, {meta}, min(first_seen) AS first_seen
+                    FROM read_parquet('{self._glob('runs')}', union_by_name = true)
+                    GROUP BY run_id""")
+            else:
+                names = _STEP_NAMES if table == "steps" else _EVENT_NAMES
+                keys = ", ".join(_KEYS[table])
+                cur.execute(f"""CREATE OR REPLACE VIEW {table} AS
+                    SELECT run_id, {', '.join(names)}
+                    FROM read_parquet('{self._glob(table)}', {_HIVE}, union_by_name = true)
+                    QUALIFY row_number() OVER (PARTITION BY {keys}) = 1""")
+            self._views[table] = has
+
+    def _glob(self, table: str) -> str:
+        pattern = "*.parquet" if table == "runs" else "*/*/*.parquet"
+        return str(self.root / table / pattern).replace("'", "''")
+
+    def _df(self, sql: str, params: list | dict | None = None) -> Any:
+        # a compaction may remove a file between a query's listing and its read: retry once
+        for attempt in (0, 1):
+            try:
+                return super()._df(sql, params)
+            except duckdb.IOException:
+                if attempt:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ writes
+    def write_group(self, batches: list[Batch]) -> list[WriteResult]:
+        """Write several batches as Parquet segments (one per table and partition); when it
+        returns, the segments are renamed into place and fsynced."""
+        if self.read_only:
+            raise RuntimeError("store opened read-only")
+        results: list[WriteResult] = []
+        pending: dict[str, list[pa.Table]] = {"steps": [], "events": [], "runs": []}
+        new_marks: dict[tuple[str, int], np.ndarray] = {}
+        new_event_marks: dict[tuple[str, str], int] = {}
+        dirty: list[tuple[str, int, int, int]] = []
+        for b in batches:
+            res = WriteResult()
+            if b.run or b.run_id not in self._known_runs:
+                meta = b.run or {}
+                pending["runs"].append(pa.table({
+                    "run_id": [b.run_id], **{c: [meta.get(c)] for c in _RUN_NAMES},
+                    "first_seen": [_first_time(b)], "written": [time.time()]}))
+            if b.steps is not None and b.steps.num_rows:
+                kept = self._new_steps(b.run_id, b.steps, new_marks, pending)
+                res.steps_inserted = kept.num_rows
+                res.steps_duplicate = b.steps.num_rows - kept.num_rows
+                if kept.num_rows:
+                    pending["steps"].append(_with_run(kept, b.run_id))
+                    att = kept.column("attempt").to_numpy()
+                    st = kept.column("step").to_numpy()
+                    for a in np.unique(att):
+                        sel = st[att == a]
+                        dirty.append((b.run_id, int(a), int(sel.min()), int(sel.max())))
+            if b.events is not None and b.events.num_rows:
+                kept = self._new_events(b.run_id, b.events, new_event_marks, pending)
+                res.events_inserted = kept.num_rows
+                res.events_duplicate = b.events.num_rows - kept.num_rows
+                if kept.num_rows:
+                    pending["events"].append(_with_run(kept, b.run_id))
+            results.append(res)
+        written = self._flush(pending)
+        # only now is it stored: advance marks, record dirty ranges and our own files
+        self._marks.update(new_marks)
+        self._event_marks.update(new_event_marks)
+        self._known_runs.update(b.run_id for b in batches)
+        with self._lock:
+            self._seen.update(written)
+        if dirty:
+            self._con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", dirty)
+        if written and not all(self._views.values()):
+            self._define_views()
+        return results
+
+    def _new_steps(self, run_id: str, t: pa.Table, marks: dict, pending: dict) -> pa.Table:
+        """Rows of ``t`` not stored yet: all of them when each rank's steps lie above its
+        high-water mark (the common case), else an exact anti-join against the dataset."""
+        att = t.column("attempt").to_numpy()
+        rank = t.column("rank").to_numpy()
+        step = t.column("step").to_numpy()
+        fast = True
+        for a in np.unique(att):
+            sel = att == a
+            key = (run_id, int(a))
+            m = marks.get(key)
+            if m is None:
+                m = self._marks.get(key)
+                if m is None:
+                    rows = self._con.execute(
+                        "SELECT rank, max(step) FROM steps WHERE run_id = ? AND attempt = ? "
+                        "GROUP BY rank", [run_id, int(a)]).fetchall()
+                    m = np.full(max([r for r, _ in rows], default=-1) + 1, -1, np.int64)
+                    for r, s in rows:
+                        m[r] = s
+                m = m.copy()
+            r, s = rank[sel], step[sel]
+            if r.max() >= len(m):
+                m = np.concatenate([m, np.full(int(r.max()) + 1 - len(m), -1, np.int64)])
+            order = np.lexsort((s, r))
+            rs, ss = r[order], s[order]
+            same = rs[1:] == rs[:-1]
+            if np.any(s <= m[r]) or np.any(same & (ss[1:] <= ss[:-1])):
+                fast = False
+            last = np.flatnonzero(np.r_[~same, True])
+            m[rs[last]] = np.maximum(m[rs[last]], ss[last])
+            marks[key] = m
+        if fast:
+            return t
+        self._flush(pending)  # rows gathered earlier in this group must be visible
+        self._define_views()
+        self._con.register("_batch", t)
+        try:
+            return self._con.sql(
+                f"SELECT {', '.join(_STEP_NAMES)} FROM (SELECT DISTINCT ON (attempt, rank, step)"
+                f" * FROM _batch) b ANTI JOIN (SELECT attempt, rank, step FROM steps WHERE "
+                f"run_id = ? AND step BETWEEN ? AND ?) s USING (attempt, rank, step)",
+                params=[run_id, int(step.min()), int(step.max())]).to_arrow_table()
+        finally:
+            self._con.unregister("_batch")
+
+    def _new_events(self, run_id: str, t: pa.Table, marks: dict, pending: dict) -> pa.Table:
+        fast = True
+        for src, q in zip(t.column("source").to_pylist(), t.column("seq").to_pylist()):
+            key = (run_id, src)
+            if key not in marks:
+                mark = self._event_marks.get(key)
+                if mark is None:
+                    row = self._con.execute("SELECT max(seq) FROM events WHERE run_id = ? AND "
+                                            "source = ?", [run_id, src]).fetchall()[0]
+                    mark = -1 if row[0] is None else int(row[0])
+                marks[key] = mark
+            if q <= marks[key]:
+                fast = False
+            marks[key] = max(marks[key], q)
+        if fast:
+            return t
+        self._flush(pending)
+        self._define_views()
+        self._con.register("_batch", t)
+        try:
+            return self._con.sql(
+                f"SELECT {', '.join(_EVENT_NAMES)} FROM (SELECT DISTINCT ON (source, seq) * "
+                f"FROM _batch) b ANTI JOIN (SELECT source, seq FROM events WHERE run_id = ?) e "
+                f"USING (source, seq)", params=[run_id]).to_arrow_table()
+        finally:
+            self._con.unregister("_batch")
+
+    def _flush(self, pending: dict[str, list[pa.Table]]) -> list[str]:
+        """Write what is pending as segments (and empty ``pending``); the paths written."""
+        written = []
+        for table in ("steps", "events"):
+            if not pending[table]:
+                continue
+            t = pa.concat_tables(pending[table], promote_options="default")
+            pending[table] = []
+            hours = hour_of(t.column(_TIME[table]).to_numpy())
+            runs = t.column("run_id").to_numpy(zero_copy_only=False)
+            for run_id in np.unique(runs):
+                for h in np.unique(hours[runs == run_id]):
+                    part = t.filter(pa.array((runs == run_id) & (hours == h)))
+                    part = part.drop_columns(["run_id"]).sort_by(
+                        [(c, "ascending") for c in _ORDER[table]])
+                    folder = (self.root / table / f"run_id={quote(str(run_id), safe='')}"
+                              / f"hour={_hour_name(h)}")
+                    written.append(self._write_segment(folder, part))
+        if pending["runs"]:
+            t = pa.concat_tables(pending["runs"], promote_options="default")
+            pending["runs"] = []
+            written.append(self._write_segment(self.root / "runs", t))
+        return written
+
+    def _write_segment(self, folder: Path, t: pa.Table) -> str:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"{self.writer_id}-{next(self._seq):08d}.parquet"
+        tmp = folder / f".{name}.inprogress"
+        pq.write_table(t, tmp, compression="zstd", row_group_size=1_000_000)
+        _fsync(tmp)
+        os.replace(tmp, folder / name)
+        _fsync(folder)
+        return str(folder / name)
+
+    # ------------------------------------------------------------------ summaries
+    def external_changes(self) -> bool:
+        """Time to look for segments other collectors wrote (the summariser asks)."""
+        return time.monotonic() - self._last_scan >= self.rescan_every_s
+
+    def _rescan(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Mark the step ranges of segments not seen yet (others', or written before this
+        process started) dirty; returns how many segments were new. ``con``: the calling
+        thread's cursor (a DuckDB connection is not shared between threads)."""
+        self._last_scan = time.monotonic()
+        con = con or self._con
+        files = sorted(str(p) for p in (self.root / "steps").glob("*/*/*.parquet"))
+        with self._lock:
+            new = [f for f in files if f not in self._seen]
+        if not new:
+            return 0
+        try:
+            ranges = con.execute(
+                f"SELECT run_id, attempt, min(step), max(step) FROM read_parquet($files, "
+                f"{_HIVE}) GROUP BY ALL", {"files": new}).fetchall()
+        except duckdb.IOException:
+            return 0  # compacted away meanwhile: the merged segment is picked up next time
+        with self._lock:
+            self._seen.update(new)
+        if ranges:
+            con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", ranges)
+        return len(new)
+
+    def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Pick up new segments, then summarise dirty ranges as the DuckDB store does (and
+        compact old small segments every few minutes when writable)."""
+        self._define_views(con)
+        self._rescan(con)
+        total = super().summarize_dirty(con)
+        if not self.read_only and time.monotonic() - self._last_compact > self.compact_after_s:
+            self._last_compact = time.monotonic()
+            self.compact(older_than_s=self.compact_after_s, con=con)
+        return total
+
+    def has_dirty(self) -> bool:
+        """Whether some step ranges await summarising (or new segments a rescan would find)."""
+        return super().has_dirty() or self.external_changes()
+
+    # ------------------------------------------------------------------ compaction
+    def compact(self, min_files: int | None = None, older_than_s: float = 0.0,
+                con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Merge each partition holding ``min_files`` or more segments, none written in the
+        last ``older_than_s`` seconds, into one segment; returns the partitions merged."""
+        min_files = min_files or self.compact_min_files
+        merged = 0
+        now = time.time()
+        for table in ("steps", "events"):
+            for folder in sorted({p.parent for p in (self.root / table).glob("*/*/*.parquet")}):
+                files = sorted(folder.glob("*.parquet"))
+                if len(files) < min_files:
+                    continue
+                try:
+                    if any(now - f.stat().st_mtime < older_than_s for f in files):
+                        continue
+                except FileNotFoundError:
+                    continue  # another collector is compacting it
+                keys = [k for k in _KEYS[table] if k != "run_id"]
+                cur = (con or self._con).cursor()
+                try:
+                    t = cur.sql(
+                        f"SELECT * FROM read_parquet($files, union_by_name = true) "
+                        f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)}) = 1 "
+                        f"ORDER BY {', '.join(_ORDER[table])}",
+                        params={"files": [str(f) for f in files]}).to_arrow_table()
+                except duckdb.IOException:
+                    continue
+                finally:
+                    cur.close()
+                out = self._write_segment(folder, t)
+                with self._lock:
+                    self._seen.add(out)
+                for f in files:
+                    f.unlink(missing_ok=True)
+                _fsync(folder)
+                merged += 1
+        return merged
+
+    def close(self) -> None:
+        """Nothing to flush: every acknowledged segment is already in place."""
+        self._con.close()
+
+
+def _with_run(t: pa.Table, run_id: str) -> pa.Table:
+    return t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.inprogress")
+    tmp.write_bytes(data)
+    _fsync(tmp)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def open_store(spec: str | Path, *, read_only: bool = False, **kw: Any) -> Store:
+    """A store from ``--db``/``--store``: ``parquet:DIR`` for a Parquet dataset, else a
+    DuckDB file path (``duckdb:PATH`` also accepted)."""
+    text = str(spec)
+    if text.startswith("parquet:"):
+        return ParquetStore(text[len("parquet:"):], read_only=read_only, **kw)
+    if text.startswith("duckdb:"):
+        text = text[len("duckdb:"):]
+    return Store(text, read_only=read_only, **kw)
+

@@ -1,0 +1,233 @@
+"""The Parquet segment store: several collectors, one dataset, the same answers.
+
+What must hold: two real collectors fed disjoint ranks of one run write one dataset whose
+accounting equals that of a single DuckDB store fed the same data; a collector killed while
+writing leaves no partial segment visible and loses nothing it acknowledged; duplicates
+(two collectors storing the same batch, or a compaction) count once; other engines read the
+dataset as plain hive-partitioned Parquet.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from collector.ingest_arrow import CONTENT_TYPE, encode_arrow_batch
+from collector.replay import import_trace, trace_batches
+from collector.store import Store
+from collector.store_parquet import ParquetStore
+from goodlens.accounting import report_dict
+from goodlens.trace import read_trace
+from tests.conftest import GOODLENS, ROOT, Collector, http, step_batch
+
+SIM = ROOT / "sample_data" / "sim-64"
+
+
+def _docs(run_filter=None) -> list[dict]:
+    """sim-64 as wire batch objects: (metadata, events, steps), rows as column lists."""
+    out = []
+    for b in trace_batches(read_trace(SIM)):
+        doc: dict = {"schema_version": 1, "run_id": b.run_id}
+        if b.run:
+            doc["run"] = {k: v for k, v in b.run.items() if v is not None}
+        if b.events is not None:
+            ev = b.events.to_pydict()
+            doc["events"] = {k: v for k, v in ev.items() if any(x is not None for x in v)}
+        if b.steps is not None:
+            doc["steps"] = b.steps.to_pydict()
+        out.append(doc)
+    return out
+
+
+def _split_steps(doc: dict, keep) -> dict | None:
+    steps = doc.get("steps")
+    if not steps:
+        return doc
+    mask = np.array([keep(r) for r in steps["rank"]])
+    if not mask.any():
+        return None
+    part = {k: [v for v, m in zip(col, mask) if m] for k, col in steps.items()}
+    return {**doc, "steps": part}
+
+
+def _push(url: str, doc: dict, rows_per: int = 20_000) -> None:
+    steps = doc.get("steps")
+    if not steps:
+        status, body = http("POST", url + "/v1/ingest", encode_arrow_batch(doc),
+                            {"Content-Type": CONTENT_TYPE})
+        assert status == 200, body
+        return
+    n = len(steps["rank"])
+    for i in range(0, n, rows_per):
+        part = {**doc, "steps": {k: v[i:i + rows_per] for k, v in steps.items()}}
+        status, body = http("POST", url + "/v1/ingest", encode_arrow_batch(part),
+                            {"Content-Type": CONTENT_TYPE})
+        assert status == 200, body
+
+
+@pytest.mark.slow
+def test_two_collectors_disjoint_ranks_equal_one_duckdb_store(tmp_path: Path) -> None:
+    data = tmp_path / "dataset"
+    ca = Collector(f"parquet:{data}", "--no-detect", "--no-dashboard").start()
+    cb = Collector(f"parquet:{data}", "--no-detect", "--no-dashboard").start()
+    try:
+        for doc in _docs():
+            if doc.get("steps") is None:
+                _push(ca.url, doc)  # metadata and job-level events: one collector
+                continue
+            low = _split_steps(doc, lambda r: r < 32)
+            high = _split_steps(doc, lambda r: r >= 32)
+            if low:
+                _push(ca.url, low)
+            if high:
+                _push(cb.url, high)
+    finally:
+        ca.stop()
+        cb.stop()
+    union = ParquetStore(data, read_only=True)
+    single = Store(tmp_path / "single.duckdb")
+    try:
+        import_trace(single, SIM)
+        single.summarize_dirty()
+        got, want = report_dict(union, "sim-64"), report_dict(single, "sim-64")
+        assert got["wall_clock_s"] == pytest.approx(want["wall_clock_s"], abs=1e-6)
+        for k in want["buckets"]:
+            assert got["buckets"][k] == pytest.approx(want["buckets"][k], abs=1e-6), k
+        assert got["restart_parts"] == pytest.approx(want["restart_parts"], abs=1e-6)
+        assert [x["steps"] for x in got["attempts"]] == [x["steps"] for x in want["attempts"]]
+        assert union.row_counts()["steps"] == single.row_counts()["steps"]
+        # both collectors wrote segments of their own
+        writers = {p.name.rsplit("-", 1)[0] for p in (data / "steps").rglob("*.parquet")}
+        assert len(writers) == 2
+    finally:
+        union.close()
+        single.close()
+
+
+def test_killed_collector_leaves_no_partial_segment_and_keeps_what_it_acked(
+        tmp_path: Path) -> None:
+    data = tmp_path / "dataset"
+    c = Collector(f"parquet:{data}", "--no-detect", "--no-dashboard").start()
+    acked: list[tuple[int, int]] = []  # (rank, last step) of every acknowledged push
+    stop = threading.Event()
+
+    def pusher(rank: int) -> None:
+        step = 0
+        while not stop.is_set():
+            steps = list(range(step, step + 5_000))
+            try:
+                status, _ = http("POST", c.url + "/v1/ingest",
+                                 json.dumps(step_batch("k", rank, steps)).encode(), timeout=10)
+            except OSError:
+                return
+            if status == 200:
+                acked.append((rank, steps[-1]))
+            step += 5_000
+    threads = [threading.Thread(target=pusher, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(3.0)
+    c.kill()  # SIGKILL while segments are being written
+    stop.set()
+    for t in threads:
+        t.join(15)
+    assert acked, "nothing was acknowledged before the kill"
+    # every visible segment is whole: each one opens and reads fully
+    files = list((data / "steps").rglob("*.parquet"))
+    assert files
+    for f in files:
+        assert pq.read_table(f).num_rows > 0
+    # a reader ignores whatever the kill left half-written (and a planted one)
+    (files[0].parent / ".planted-00000009.parquet.inprogress").write_bytes(b"PAR1garbage")
+    store = ParquetStore(data, read_only=True)
+    try:
+        got = store.steps("k")
+        have = got.groupby("rank").step.max().to_dict()
+        for rank, last in acked:
+            assert have.get(rank, -1) >= last, f"acknowledged rows of rank {rank} were lost"
+        assert not got.duplicated(["attempt", "rank", "step"]).any()
+    finally:
+        store.close()
+
+
+def test_duplicates_and_compaction_count_once(tmp_path: Path) -> None:
+    from collector.ingest import validate_batch
+    a = ParquetStore(tmp_path / "d", writer_id="a")
+    b = ParquetStore(tmp_path / "d", writer_id="b")
+    try:
+        for s in range(0, 100, 10):  # ten small segments per writer, and b repeats a's rows
+            batch = validate_batch(step_batch("dup", 0, list(range(s, s + 10))))
+            a.write_group([batch])
+            b.write_group([validate_batch(step_batch("dup", 0, list(range(s, s + 10))))])
+            b.write_group([validate_batch(step_batch("dup", 1, list(range(s, s + 10))))])
+        reader = ParquetStore(tmp_path / "d", read_only=True)
+        before = report_dict(reader, "dup")
+        assert reader.row_counts()["steps"] == 200
+        files_before = len(list((tmp_path / "d" / "steps").rglob("*.parquet")))
+        assert files_before == 30
+        assert a.compact(min_files=4) >= 1
+        assert len(list((tmp_path / "d" / "steps").rglob("*.parquet"))) < files_before
+        reader.summarize_dirty()
+        after = report_dict(reader, "dup")
+        assert reader.row_counts()["steps"] == 200
+        assert after["buckets"] == pytest.approx(before["buckets"])
+        reader.close()
+        # a writer's own duplicate (a retried push) is refused at write time
+        res = a.write_group([validate_batch(step_batch("dup", 0, [5, 6, 200]))])
+        assert (res[0].steps_inserted, res[0].steps_duplicate) == (1, 2)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_other_engines_read_the_dataset(tmp_path: Path) -> None:
+    store = ParquetStore(tmp_path / "x")
+    import_trace(store, SIM)
+    store.close()
+    # pyarrow's dataset API (as Spark and Trino do) sees hive partitions run_id and hour
+    dataset = ds.dataset(tmp_path / "x" / "steps", format="parquet", partitioning="hive")
+    t = dataset.to_table(columns=["run_id", "rank", "step"])
+    assert set(t.column("run_id").to_pylist()) == {"sim-64"} and t.num_rows == 194_184
+    # plain DuckDB, no goodlens: rows per hour
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT hour, count(*) FROM read_parquet('{tmp_path}/x/steps/*/*/*."
+                       "parquet', hive_partitioning = true) GROUP BY hour ORDER BY hour"
+                       ).fetchall()
+    assert sum(n for _, n in rows) == 194_184 and len(rows) == 2
+
+
+def test_cli_report_and_dashboard_data_on_parquet(tmp_path: Path) -> None:
+    out = subprocess.run([*GOODLENS, "import", str(SIM), "--db", f"parquet:{tmp_path}/p",
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rep = subprocess.run([*GOODLENS, "report", "--db", f"parquet:{tmp_path}/p", "--run",
+                          "sim-64", "--json"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    single = Store(tmp_path / "s.duckdb")
+    import_trace(single, SIM)
+    single.summarize_dirty()
+    assert json.loads(rep.stdout)["goodput"] == pytest.approx(
+        report_dict(single, "sim-64")["goodput"], abs=1e-9)
+    single.close()
+    bad = subprocess.run([*GOODLENS, "report", "--db", f"parquet:{tmp_path}/nothing"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no goodlens Parquet dataset" in bad.stderr
+    from dashboard.data import RunData
+    store = ParquetStore(tmp_path / "p", read_only=True)
+    try:
+        d = RunData(store)
+        assert d.overview("sim-64")["report"]["goodput"] == pytest.approx(
+            json.loads(rep.stdout)["goodput"])
+        assert d.ranks("sim-64")["grid"] is not None
+    finally:
+        store.close()
