@@ -58,7 +58,7 @@ def main() -> int:
     base_w = dataclasses.replace(workload_from(ap, args), wire="arrow")
     print(machine())
     print(f"workload: {base_w.describe()}, Arrow IPC", flush=True)
-    rows, sizes = [], []
+    rows, sizes, opens = [], [], []
     with workdir(args.keep, args.tmp) as tmp:
         (tmp / "duckdb").mkdir()
         single = Collector(tmp / "duckdb", extra_args=["--no-detect", "--no-dashboard"]).start()
@@ -88,8 +88,12 @@ def main() -> int:
             finally:
                 for c in procs:
                     c.stop()
+            import time
+
             from collector.store_parquet import ParquetStore
-            store = ParquetStore(dataset)
+            t = time.perf_counter()
+            store = ParquetStore(dataset)  # opening summarises every segment
+            open_s = time.perf_counter() - t
             stored = store.row_counts()["steps"]
             files = len(list((dataset / "steps").rglob("*.parquet")))
             before = _dir_bytes(dataset)
@@ -103,11 +107,16 @@ def main() -> int:
             sizes.append([f"Parquet, {n} collector(s), {files} segments",
                           f"{before / res.rows:.1f}"])
             sizes.append([f"Parquet, {n} collector(s), compacted", f"{after / res.rows:.1f}"])
+            opens.append([f"{n} collector(s)", f"{res.rows:,}", f"{open_s:.2f}",
+                          f"{res.rows / open_s:,.0f}"])
     print()
     print(table(rows, ["configuration", "rows", "wall s", "rows/s", "vs DuckDB",
                        "stored = sent"], markdown=True))
     print()
     print(table(sizes, ["backend", "bytes per rank-step"], markdown=True))
+    print()
+    print("Opening the dataset (a reader summarises every segment):")
+    print(table(opens, ["dataset written by", "rows", "open s", "rows/s"], markdown=True))
     return 0
 
 
