@@ -279,20 +279,10 @@ class Store:
         for a in (np.unique(att) if att.min() != att.max() else att[:1]):
             sel = slice(None) if att.min() == att.max() else att == a
             r, s = rank[sel], step[sel]
-            marks = self._step_marks(run_id, int(a), g)
-            if r.max() >= len(marks):
-                grown = np.full(int(r.max()) + 1, -1, dtype=np.int64)
-                grown[:len(marks)] = marks
-                g.step_marks[(run_id, int(a))] = marks = grown
-            if fast and np.any(s <= marks[r]):
-                fast = False
-            order = np.lexsort((s, r))
-            rs, ss = r[order], s[order]
-            same = rs[1:] == rs[:-1]
-            if fast and np.any(same & (ss[1:] <= ss[:-1])):
-                fast = False  # a (rank, step) twice in the batch
-            last = np.flatnonzero(np.r_[~same, True])  # each rank's largest step
-            updates.append((marks, rs[last], ss[last], int(a), int(s.min()), int(s.max())))
+            marks, above, top_r, top_s = check_marks(self._step_marks(run_id, int(a), g), r, s)
+            g.step_marks[(run_id, int(a))] = marks
+            fast = fast and above
+            updates.append((marks, top_r, top_s, int(a), int(s.min()), int(s.max())))
         if fast:
             g.add_steps(run_id, t)
             inserted = t.num_rows
@@ -630,6 +620,24 @@ def _merge_ranges(rows: list[tuple]) -> list[tuple]:
         else:
             out.append([run_id, attempt, lo, hi])
     return [tuple(r) for r in out]
+
+
+def check_marks(marks: np.ndarray, rank: np.ndarray, step: np.ndarray
+                ) -> tuple[np.ndarray, bool, np.ndarray, np.ndarray]:
+    """The high-water-mark check of one (run, attempt)'s step rows: ``(marks grown to
+    cover every rank, whether every row lies above its rank's mark and no (rank, step)
+    repeats, the ranks present, each one's largest step)``. Marks are not advanced."""
+    if rank.max() >= len(marks):
+        grown = np.full(int(rank.max()) + 1, -1, dtype=np.int64)
+        grown[:len(marks)] = marks
+        marks = grown
+    above = not np.any(step <= marks[rank])
+    order = np.lexsort((step, rank))
+    rs, ss = rank[order], step[order]
+    same = rs[1:] == rs[:-1]
+    above = above and not np.any(same & (ss[1:] <= ss[:-1]))  # a (rank, step) twice
+    last = np.flatnonzero(np.r_[~same, True])  # each rank's largest step
+    return marks, above, rs[last], ss[last]
 
 
 def _where(conds: dict[str, Any]) -> tuple[str, list]:

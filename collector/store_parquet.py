@@ -62,6 +62,7 @@ from collector.store import (
     Store,
     WriteResult,
     _first_time,
+    check_marks,
 )
 from goodlens.model import SCHEMA_VERSION
 
@@ -243,16 +244,9 @@ class ParquetStore(Store):
                     for r, s in rows:
                         m[r] = s
                 m = m.copy()
-            r, s = rank[sel], step[sel]
-            if r.max() >= len(m):
-                m = np.concatenate([m, np.full(int(r.max()) + 1 - len(m), -1, np.int64)])
-            order = np.lexsort((s, r))
-            rs, ss = r[order], s[order]
-            same = rs[1:] == rs[:-1]
-            if np.any(s <= m[r]) or np.any(same & (ss[1:] <= ss[:-1])):
-                fast = False
-            last = np.flatnonzero(np.r_[~same, True])
-            m[rs[last]] = np.maximum(m[rs[last]], ss[last])
+            m, above, top_r, top_s = check_marks(m, rank[sel], step[sel])
+            fast = fast and above
+            m[top_r] = np.maximum(m[top_r], top_s)
             marks[key] = m
         if fast:
             return t

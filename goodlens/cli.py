@@ -371,19 +371,23 @@ def report(db: str | None, url: str | None, token: str | None, run_id: str | Non
         click.echo(report_text(rep))
 
 
-def _overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``--set field=value`` pairs typed like the SimConfig field they name."""
+def _overrides(pairs: tuple[str, ...], config_type: Any = None,
+               settable: Any = None) -> dict[str, Any]:
+    """``--set field=value`` pairs typed like the dataclass field they name (default: the
+    run simulator's SimConfig; ``settable`` limits the fields accepted)."""
     from dataclasses import fields as dc_fields
 
-    from goodlens.simconfig import SimConfig
-    types = {f.name: f.type for f in dc_fields(SimConfig)}
+    if config_type is None:
+        from goodlens.simconfig import SimConfig as config_type
+    types = {f.name: str(f.type) for f in dc_fields(config_type)
+             if settable is None or f.name in settable}
     out: dict[str, Any] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         if not sep or name not in types:
             raise click.BadParameter(f"{pair!r}: use FIELD=VALUE with a field of "
                                      f"{', '.join(sorted(types))}", param_hint="--set")
-        out[name] = _typed(raw, str(types[name]), name)
+        out[name] = _typed(raw, types[name], name)
     return out
 
 

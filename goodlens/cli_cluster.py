@@ -8,12 +8,12 @@ command module stays short; like the rest of the CLI it only parses, calls the l
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import click
 
-from goodlens.cli import _echo_json, _typed, simulate, table
+from goodlens.cli import _echo_json, _overrides, simulate, table
 from goodlens.units import format_duration
 
 _SETTABLE = ("nodes", "gpus_per_node", "nodes_per_rack", "racks_per_pod", "duration_s",
@@ -30,14 +30,7 @@ def _config(preset: str, sets: tuple[str, ...]) -> Any:
         cfg = get_cluster_preset(preset)
     except KeyError as exc:
         raise click.BadParameter(str(exc.args[0]), param_hint="--preset") from None
-    types = {f.name: str(f.type) for f in fields(cfg) if f.name in _SETTABLE}
-    kw: dict[str, Any] = {}
-    for pair in sets:
-        name, sep, raw = pair.partition("=")
-        if not sep or name not in types:
-            raise click.BadParameter(f"{pair!r}: use FIELD=VALUE with a field of "
-                                     f"{', '.join(sorted(types))}", param_hint="--set")
-        kw[name] = _typed(raw, types[name], name)
+    kw = _overrides(sets, type(cfg), _SETTABLE)
     try:
         return replace(cfg, **kw)
     except (TypeError, ValueError) as exc:
