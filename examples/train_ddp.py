@@ -157,14 +157,13 @@ def main(argv: list[str] | None = None) -> int:
             exp.count(samples=len(x))  # goodlens (optional): throughput
         wall.append(time.perf_counter() - t_step)
         if args.ckpt_every > 0 and (step + 1) % args.ckpt_every == 0:
-            if pending is not None:
-                pending.result()
-            # goodlens: save with stall / durable timing
+            # goodlens: save with stall / durable timing (an async save first waits for the
+            # previous one, inside its recorded stall)
             pending = gl.save_checkpoint({"model": model.state_dict()},
                                          ckpt_dir / f"step_{step:06d}", exp, step,
                                          async_=args.async_ckpt)
     if pending is not None:
-        pending.result()
+        pending.result()  # the last async save is durable (and recorded) before exiting
     if args.times_out and rank == 0:
         Path(args.times_out).write_text("".join(f"{w}\n" for w in wall))
     gl.attempt_end(exp, "completed", step=args.steps - 1)  # goodlens: the run finished
