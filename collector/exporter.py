@@ -88,6 +88,13 @@ class ExporterConfig:
     """Wire format: ``arrow`` (Arrow IPC, cheapest for the collector) or ``json``."""
     run_meta: dict[str, Any] = field(default_factory=dict)
     """Run metadata sent once: name, world_size, gpus_per_rank, global_batch, model_params, tags."""
+    host_relay: bool = False
+    """Send through a per-host relay (``GOODLENS_RELAY=1``, :mod:`collector.relay`): local
+    rank 0 starts it on ``relay_port`` when none listens, and every local rank pushes to it,
+    so the collector sees one connection per host instead of one per rank. While no relay
+    for ``url`` answers there, batches go to ``url`` directly, as without this option."""
+    relay_port: int = 8472
+    """Loopback port of the host relay (``GOODLENS_RELAY_PORT``)."""
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -123,6 +130,10 @@ class ExporterConfig:
             found["wire"] = env["GOODLENS_WIRE"]
         if env.get("GOODLENS_DISABLED", "").lower() in ("1", "true", "yes"):
             found["enabled"] = False
+        if env.get("GOODLENS_RELAY", "").lower() in ("1", "true", "yes"):
+            found["host_relay"] = True
+        if env.get("GOODLENS_RELAY_PORT", "").strip().isdigit():
+            found["relay_port"] = int(env["GOODLENS_RELAY_PORT"])
         found.update(overrides)
         found.setdefault("run_id", "default")
         names = {f.name for f in fields(cls)}
@@ -243,7 +254,14 @@ class RankExporter:
             except OSError as exc:
                 log.warning("goodlens: no spill directory (%s); undeliverable batches will "
                             "be dropped", exc)
-        self._transport = Transport(cfg.url, cfg.token, cfg.timeout_s, spill, cfg.max_spill_bytes)
+        if cfg.host_relay:  # starts the relay on local rank 0; falls back to cfg.url
+            from collector.relay import host_relay_transport
+            self._transport = host_relay_transport(cfg.url, cfg.relay_port, cfg.local_rank,
+                                                   cfg.token, cfg.timeout_s, spill,
+                                                   cfg.max_spill_bytes)
+        else:
+            self._transport = Transport(cfg.url, cfg.token, cfg.timeout_s, spill,
+                                        cfg.max_spill_bytes)
         self._thread = threading.Thread(target=self._run, name=f"goodlens-exporter-{cfg.rank}",
                                         daemon=True)
         self._thread.start()
@@ -253,7 +271,12 @@ class RankExporter:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RankExporter:
-        """An exporter configured from the environment (see :meth:`ExporterConfig.from_env`)."""
+        """An exporter configured from the environment (see :meth:`ExporterConfig.from_env`).
+
+        With ``GOODLENS_RELAY=1`` (or ``host_relay=True``) it pushes through the host's relay
+        on ``GOODLENS_RELAY_PORT`` (default 8472), started by ``LOCAL_RANK`` 0 when none
+        listens; if the relay is unreachable it sends to the collector URL directly.
+        """
         return cls(ExporterConfig.from_env(**overrides))
 
     # -- recording (training thread) ------------------------------------------
@@ -299,7 +322,7 @@ class RankExporter:
                     samples: int | None = None) -> None:
         """Record a step measured elsewhere (``start_time`` in epoch seconds)."""
         if self.enabled:
-            self._steps.append((self._index(), step, start_time, duration_s, compute_s,
+            self._steps.append((next(self._index), step, start_time, duration_s, compute_s,
                                 collective_wait_s, data_wait_s, tokens, samples))
 
     def event(self, kind: str, time_s: float | None = None, **fields: Any) -> None:
@@ -322,7 +345,7 @@ class RankExporter:
     def new_attempt(self, attempt: int | None = None) -> None:
         """Start a new attempt in the same process (in-process recovery, elastic resize)."""
         self.attempt = self.attempt + 1 if attempt is None else attempt
-        self._steps.append((self._index(), self.attempt))
+        self._steps.append((next(self._index), self.attempt))
 
     @property
     def last_step(self) -> int | None:

@@ -663,6 +663,7 @@ def export(db: str, run_ids: tuple[str, ...], out: str) -> None:
 
 
 import goodlens.cli_cluster  # noqa: E402, F401  (registers `goodlens simulate cluster`)
+import goodlens.cli_relay as _cli_relay  # noqa: E402, F401  (registers `goodlens relay`)
 from goodlens import cli_plan  # noqa: E402, F401  (registers the `goodlens plan` commands)
 
 if __name__ == "__main__":  # pragma: no cover

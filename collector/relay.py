@@ -1,0 +1,802 @@
+"""The per-host relay: one pusher per host carries its local ranks' batches to the collector.
+
+A 100,000-GPU job has 100,000 exporters, each with its own connection to the collector and
+its own small pushes. Run one relay per host (``goodlens relay``, or let the exporters start
+it with ``GOODLENS_RELAY=1``) and the collector sees one keep-alive connection per host
+instead of one per GPU, and pushes carrying every local rank's rows at once.
+
+The relay accepts the collector's ``POST /v1/ingest`` bodies (JSON or Arrow IPC) and
+validates each with the collector's own decoders (:mod:`collector.ingest`,
+:mod:`collector.ingest_arrow`), so an invalid push gets the collector's 4xx naming the
+field and never joins a merged batch. Valid pushes wait for a short window (or until every
+rank seen recently has one waiting, or a row/byte cap is reached); pushes of the same run
+and token are then merged into one Arrow IPC batch and sent upstream in one request.
+
+The guarantee: a push is answered 200 only after the collector answered 200 to the merged
+batch holding it (which, for the collector, means committed). When the collector cannot be
+reached, times out or answers 5xx/503, every push of that batch gets 503 (with
+``Retry-After``), 502 or 504, which the exporter treats like a collector outage: it spills
+the batch and replays it later. The store ignores rows it already holds, so a batch stored
+whose answer was lost and sent again adds nothing. Should the collector refuse a merged
+batch for any other reason, its pushes are forwarded one by one so each gets its own answer.
+
+The exporter side (:func:`host_relay_transport`) lives here as well: local rank 0 starts a
+relay when none listens, and every rank sends to it, straight to the collector while it is
+away. Starlette and uvicorn are imported only when a relay is served, so exporters importing
+this module pay for neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import http.client
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import pyarrow as pa
+
+from collector.ingest import Batch, BatchError, decode_batch
+from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
+from collector.ingest_arrow import META_KEY, decode_arrow_batch
+from collector.transport import Transport
+from goodlens.model import SCHEMA_VERSION, STEP_COLUMNS
+
+log = logging.getLogger("goodlens.relay")
+
+DEFAULT_RELAY_PORT = 8472
+"""Port of the per-host relay unless ``GOODLENS_RELAY_PORT`` / ``--port`` says otherwise."""
+RELAY_WAIT_S = 10.0
+"""How long local rank 0 waits for a relay it started to answer before sending directly."""
+RELAY_RECHECK_S = 30.0
+"""How long an exporter sends straight to the collector before trying the relay again."""
+AUTO_IDLE_EXIT_S = 600.0
+"""A relay started by an exporter exits after this long without a push."""
+
+_DECODERS = {"application/json": decode_batch, ARROW_STREAM: decode_arrow_batch}
+_STEP_REQUIRED = {c.name for c in STEP_COLUMNS if c.required}
+_RETRY_PASS = {429, 503}  # upstream overload: passed on with its Retry-After
+_AUTH = {401, 403}        # upstream refused the token: every push of the batch learns why
+_MAX_SOURCES = 100_000
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _endpoint(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path) of a collector URL, normalised for comparison."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"upstream URL must be http(s)://host:port, got {url!r}")
+    host = (parts.hostname or "127.0.0.1").lower()
+    host = "127.0.0.1" if host == "localhost" else host
+    return (parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80),
+            parts.path.rstrip("/"))
+
+
+@dataclass
+class RelayConfig:
+    """Where the relay listens, where it forwards, and how long it gathers."""
+
+    upstream: str
+    """Collector base URL, e.g. ``http://collector:8470``."""
+    host: str = "127.0.0.1"
+    """Address to bind; anything but loopback requires ``token``."""
+    port: int = DEFAULT_RELAY_PORT
+    """TCP port (0 picks a free one)."""
+    token: str | None = None
+    """Bearer token pushers must send; also sent upstream unless ``upstream_token`` is set.
+    Without either, each push's own ``Authorization`` header is passed through."""
+    upstream_token: str | None = None
+    """Bearer token for the collector, when it differs from ``token``."""
+    window_s: float = 0.1
+    """Longest a push waits for others to join it (0: forward at once)."""
+    max_batch_rows: int = 200_000
+    """Most rows in one merged batch."""
+    max_batch_bytes: int = 16 * 1024 * 1024
+    """Most pushed bytes in one merged batch (keep it under the collector's ``--max-body``)."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest accepted push; bigger ones get 413 (as from the collector)."""
+    max_pending_bytes: int = 256 * 1024 * 1024
+    """Pushed bytes waiting for the collector before new pushes get 503."""
+    timeout_s: float = 4.0
+    """HTTP timeout of one upstream request (below the exporter's 5 s, so it hears why)."""
+    idle_exit_s: float = 0.0
+    """Exit after this long without a push (0: never); exporter-started relays use 10 min."""
+    active_s: float = 10.0
+    """A source that pushed this recently is expected in the next window: once every such
+    source has a push waiting, the batch goes without waiting out the window."""
+
+    def __post_init__(self) -> None:
+        _endpoint(self.upstream)
+        if not (0 <= self.port <= 65535):
+            raise ValueError(f"port must be 0-65535, got {self.port}")
+        if self.window_s < 0 or self.timeout_s <= 0 or self.idle_exit_s < 0:
+            raise ValueError("window and idle exit must not be negative, timeout positive")
+        if min(self.max_batch_rows, self.max_batch_bytes, self.max_body_bytes,
+               self.max_pending_bytes) <= 0:
+            raise ValueError("row and byte limits must be positive")
+        if not is_loopback(self.host) and not self.token:
+            raise ValueError(f"binding {self.host} exposes the relay beyond this machine; "
+                             "pass --token so only your exporters can push")
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def merge_batches(run_id: str, batches: list[Batch],
+                  exporter: dict[str, Any] | None = None) -> bytes:
+    """Validated batches of one run as one Arrow IPC wire batch, rows in the given order.
+
+    Step rows travel as the record batch (columns that are null throughout are left out; the
+    collector fills them in again), events as JSON columns in the metadata, run metadata
+    merged with later non-null values winning (as the store would), and ``exporter`` (if
+    given) as the batch's exporter counters.
+    """
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "run_id": run_id}
+    run: dict[str, Any] | None = None
+    for b in batches:
+        if b.run is not None:
+            run = {} if run is None else run
+            for key, value in b.run.items():
+                if value is not None or key not in run:
+                    run[key] = value
+    if run is not None:
+        doc["run"] = run
+    events = [b.events for b in batches if b.events is not None and b.events.num_rows]
+    if events:
+        table = pa.concat_tables(events)
+        doc["events"] = {name: col.to_pylist() for name, col in
+                         zip(table.column_names, table.columns) if col.null_count < len(col)}
+    if exporter:
+        doc["exporter"] = exporter
+    steps = [b.steps for b in batches if b.steps is not None and b.steps.num_rows]
+    if steps:
+        table = pa.concat_tables(steps)
+        keep = [i for i, (name, col) in enumerate(zip(table.column_names, table.columns))
+                if name in _STEP_REQUIRED or col.null_count < len(col)]
+        table = table.select(keep).combine_chunks()
+    else:
+        table = pa.table({})
+    table = table.replace_schema_metadata({META_KEY: orjson.dumps(doc)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        if table.num_columns:
+            writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+# ----------------------------------------------------------------------------- upstream
+
+
+class _Upstream:
+    """One keep-alive HTTP connection to the collector, used by one thread."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        scheme, self._host, self._port, path = _endpoint(url)
+        self._https = scheme == "https"
+        self._path = path + "/v1/ingest"
+        self.timeout_s = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes, content_type: str,
+             auth: str | None) -> tuple[int, bytes, str | None]:
+        """(status, body, Retry-After) of one push; raises OSError when nothing answered."""
+        headers = {"Content-Type": content_type}
+        if auth:
+            headers["Authorization"] = auth
+        for fresh in (self._conn is None, True):
+            try:
+                if self._conn is None:
+                    cls = (http.client.HTTPSConnection if self._https
+                           else http.client.HTTPConnection)
+                    self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+                    self._conn.connect()
+                    with contextlib.suppress(OSError):
+                        self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._conn.request("POST", self._path, body=body, headers=headers)
+                resp = self._conn.getresponse()
+                return resp.status, resp.read(), resp.getheader("Retry-After")
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if fresh or isinstance(exc, TimeoutError):  # the collector is away or slow
+                    raise OSError(str(exc) or type(exc).__name__) from exc
+                # a kept-alive connection the collector had closed: once more on a new one
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+# ----------------------------------------------------------------------------- the relay
+
+Answer = tuple[int, bytes, dict[str, str]]
+
+
+@dataclass
+class _Push:
+    """One validated push waiting for its merged batch's answer."""
+
+    batch: Batch
+    body: bytes
+    content_type: str
+    auth: str | None
+    source: Any
+    arrived: float
+    future: asyncio.Future | None = None
+
+
+@dataclass
+class RelayStats:
+    """Counters shown on ``GET /healthz``."""
+
+    pushes: int = 0
+    """Valid pushes received."""
+    push_rows: int = 0
+    rejected: int = 0
+    """Pushes refused before merging (invalid, token, too large, unsupported type)."""
+    acked: int = 0
+    """Pushes answered 200 (their rows are committed upstream)."""
+    failed: int = 0
+    """Pushes answered 5xx because the collector did not take their batch."""
+    forwarded: int = 0
+    """Requests sent to the collector."""
+    forwarded_rows: int = 0
+    """Rows in requests the collector acknowledged."""
+    upstream_errors: int = 0
+    """Requests that failed: unreachable, timeout, or a 5xx/503 answer."""
+    singles: int = 0
+    """Pushes forwarded one by one after the collector refused their merged batch."""
+    last_upstream_error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Relay:
+    """Gathers pushes, merges them per (token, run), forwards them and answers each push.
+
+    Lives in one asyncio loop; the upstream request (and the merging) runs in one worker
+    thread, so the loop keeps taking pushes meanwhile.
+    """
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.stats = RelayStats()
+        self.started = time.time()
+        self.last_push = time.monotonic()
+        self._upstream = _Upstream(config.upstream, config.timeout_s)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="goodlens-relay-upstream")
+        self._pending: list[_Push] = []
+        self._pending_rows = 0
+        self._pending_bytes = 0
+        self._waiting_bytes = 0  # pending plus in flight
+        self._active: dict[Any, float] = {}
+        self._dropped: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._down_until = 0.0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        # one stable exporter source per (relay, run) carries the local ranks' dropped rows
+        self._source = f"relay/{socket.gethostname()}:{config.port}"
+        bearer = config.upstream_token or config.token
+        self._auth = f"Bearer {bearer}" if bearer else None
+
+    # -- the request side (event loop) ----------------------------------------
+    def check_token(self, header: str) -> Answer | None:
+        """The 401/403 answer when this relay requires a token and ``header`` lacks it."""
+        if not self.config.token:
+            return None
+        if not header:
+            return _answer(401, {"error": "missing token: send 'Authorization: Bearer "
+                                 "<token>'", "field": "authorization"},
+                           {"WWW-Authenticate": "Bearer"})
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                value.strip().encode(), self.config.token.encode()):
+            return _answer(403, {"error": "wrong token", "field": "authorization"})
+        return None
+
+    async def submit(self, batch: Batch, body: bytes, content_type: str,
+                     auth_header: str) -> Answer:
+        """Queue a validated push; returns its answer once the collector answered."""
+        now = time.monotonic()
+        self.last_push = now
+        self.stats.pushes += 1
+        self.stats.push_rows += batch.rows
+        if now < self._down_until:
+            self.stats.failed += 1
+            return _unavailable(f"the collector is unreachable ({self.stats.last_upstream_error})")
+        if self._waiting_bytes + len(body) > self.config.max_pending_bytes:
+            self.stats.failed += 1
+            return _answer(503, {"error": "relay: too much waiting for the collector; retry "
+                                 "later", "field": None}, {"Retry-After": "1"})
+        source = _source_of(batch)
+        exp = batch.exporter
+        if exp.get("source") and isinstance(exp.get("dropped_rows"), int):
+            key = (batch.run_id, exp["source"])
+            self._dropped.pop(key, None)
+            self._dropped[key] = exp["dropped_rows"]
+            if len(self._dropped) > _MAX_SOURCES:
+                self._dropped.popitem(last=False)
+        if source is not None:
+            self._active[source] = now
+        auth = self._auth if self._auth else (auth_header or None)
+        push = _Push(batch, body, content_type, auth, source, now,
+                     asyncio.get_running_loop().create_future())
+        self._pending.append(push)
+        self._pending_rows += batch.rows
+        self._pending_bytes += len(body)
+        self._waiting_bytes += len(body)
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._flush_loop())
+        assert self._wake is not None
+        self._wake.set()
+        try:
+            return await push.future  # type: ignore[misc]
+        finally:
+            self._waiting_bytes -= len(body)
+
+    def health(self) -> dict[str, Any]:
+        """The ``/healthz`` body."""
+        s = self.stats
+        return {"status": "ok", "relay": True, "upstream": self.config.upstream,
+                "pid": os.getpid(), "uptime_s": time.time() - self.started,
+                "window_s": self.config.window_s, "pushes": s.pushes, "push_rows": s.push_rows,
+                "rejected": s.rejected, "acked": s.acked, "failed": s.failed,
+                "forwarded": s.forwarded, "forwarded_rows": s.forwarded_rows,
+                "upstream_errors": s.upstream_errors, "singles": s.singles,
+                "last_upstream_error": s.last_upstream_error,
+                "pending_pushes": len(self._pending), "pending_rows": self._pending_rows,
+                "schema_version": SCHEMA_VERSION}
+
+    def idle(self) -> bool:
+        """Nothing waiting and nothing in flight."""
+        return not self._pending and self._waiting_bytes == 0
+
+    def close(self) -> None:
+        """Stop the upstream thread and close its connection."""
+        self._pool.shutdown(wait=True)
+        self._upstream.close()
+
+    # -- gathering (event loop) -------------------------------------------------
+    def _ready(self) -> bool:
+        """Whether the pending pushes should go now, before the window ends."""
+        cfg = self.config
+        old = time.monotonic() - cfg.active_s
+        for source in [s for s, seen in self._active.items() if seen < old]:
+            del self._active[source]  # gone quiet (finished, restarted): not waited for
+        if self._pending_rows >= cfg.max_batch_rows or self._pending_bytes >= cfg.max_batch_bytes:
+            return True
+        waiting = {p.source for p in self._pending}
+        return None not in waiting and all(s in waiting for s in self._active)
+
+    async def _flush_loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            deadline = self._pending[0].arrived + self.config.window_s
+            while not self._ready() and (left := deadline - time.monotonic()) > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
+            pushes = self._take()
+            exporters = {run: {"source": f"{self._source}/{run}",
+                               "dropped_rows": sum(v for (r, _), v in self._dropped.items()
+                                                   if r == run)}
+                         for run in {p.batch.run_id for p in pushes}}
+            try:
+                answers = await loop.run_in_executor(self._pool, self._forward, pushes,
+                                                     exporters)
+            except Exception as exc:  # never leave a push without an answer
+                log.exception("relay: forwarding failed")
+                answers = [_answer(502, {"error": f"relay error: {exc}", "field": None})
+                           ] * len(pushes)
+            for p, ans in zip(pushes, answers):
+                if ans[0] == 200:
+                    self.stats.acked += 1
+                elif ans[0] >= 500:
+                    self.stats.failed += 1
+                if p.future is not None and not p.future.done():
+                    p.future.set_result(ans)
+
+    def _take(self) -> list[_Push]:
+        """The oldest pending pushes, up to the row and byte caps (at least one)."""
+        cfg = self.config
+        rows = nbytes = n = 0
+        for p in self._pending:
+            if n and (rows + p.batch.rows > cfg.max_batch_rows
+                      or nbytes + len(p.body) > cfg.max_batch_bytes):
+                break
+            rows += p.batch.rows
+            nbytes += len(p.body)
+            n += 1
+        out, self._pending = self._pending[:n], self._pending[n:]
+        self._pending_rows -= rows
+        self._pending_bytes -= nbytes
+        return out
+
+    # -- forwarding (upstream thread) -------------------------------------------
+    def _forward(self, pushes: list[_Push], exporters: dict[str, dict]) -> list[Answer]:
+        groups: dict[tuple[str | None, str], list[int]] = {}
+        for i, p in enumerate(pushes):
+            groups.setdefault((p.auth, p.batch.run_id), []).append(i)
+        answers: list[Answer | None] = [None] * len(pushes)
+        for (auth, run_id), idx in groups.items():
+            group = [pushes[i] for i in idx]
+            for i, ans in zip(idx, self._forward_group(group, auth, run_id, exporters[run_id])):
+                answers[i] = ans
+        return answers  # type: ignore[return-value]
+
+    def _forward_group(self, group: list[_Push], auth: str | None, run_id: str,
+                       exporter: dict) -> list[Answer]:
+        if time.monotonic() < self._down_until:
+            return [_unavailable(f"the collector is unreachable "
+                                 f"({self.stats.last_upstream_error})")] * len(group)
+        body = merge_batches(run_id, [p.batch for p in group], exporter)
+        rows = sum(p.batch.rows for p in group)
+        result = self._send(body, ARROW_STREAM, auth)
+        if isinstance(result, tuple) and result[0] == 200:
+            self.stats.forwarded_rows += rows
+            upstream = _loads(result[1])
+            return [_answer(200, {"ok": True, "relayed": True,
+                                  "steps": p.batch.steps.num_rows if p.batch.steps else 0,
+                                  "events": p.batch.events.num_rows if p.batch.events else 0,
+                                  "merged_pushes": len(group), "upstream": upstream})
+                    for p in group]
+        if isinstance(result, tuple) and result[0] not in _AUTH and result[0] < 500 \
+                and result[0] not in (408, 429):
+            # refused although each push passed the collector's own checks here (a 413, or
+            # a collector of another version): let each push hear its own verdict
+            log.warning("relay: the collector refused a merged batch (%s: %.200s); "
+                        "forwarding its %d pushes one by one", result[0], result[1],
+                        len(group))
+            out = []
+            for p in group:
+                self.stats.singles += 1
+                single = self._send(p.body, p.content_type, auth)
+                if isinstance(single, tuple) and single[0] == 200:
+                    self.stats.forwarded_rows += p.batch.rows
+                out.append(_relay_answer(single))
+            return out
+        return [_relay_answer(result)] * len(group)
+
+    def _send(self, body: bytes, content_type: str,
+              auth: str | None) -> tuple[int, bytes, str | None] | Exception:
+        """One upstream request: its answer, or the exception when nothing answered."""
+        self.stats.forwarded += 1
+        try:
+            status, payload, retry = self._upstream.post(body, content_type, auth)
+        except OSError as exc:
+            self.stats.upstream_errors += 1
+            self.stats.last_upstream_error = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc.__cause__, TimeoutError):
+                self._down_until = time.monotonic() + 1.0  # answer 503 at once for a second
+            return exc
+        if status >= 500 or status in (408, 429):
+            self.stats.upstream_errors += 1
+            self.stats.last_upstream_error = f"collector answered {status}: {payload[:200]!r}"
+        return status, payload, retry
+
+
+def _source_of(batch: Batch) -> Any:
+    """Who pushed: the exporter's source, else (run, rank) of a one-rank batch, else None."""
+    src = batch.exporter.get("source")
+    if src:
+        return src
+    if batch.steps is not None and batch.steps.num_rows:
+        ranks = batch.steps.column("rank")
+        first = ranks[0].as_py()
+        if ranks.null_count == 0 and first is not None:
+            return (batch.run_id, first)
+    return None
+
+
+def _answer(status: int, obj: Any, headers: dict[str, str] | None = None) -> Answer:
+    return status, orjson.dumps(obj), headers or {}
+
+
+def _unavailable(why: str) -> Answer:
+    return _answer(503, {"error": f"relay: {why}; retry later", "field": None},
+                   {"Retry-After": "1"})
+
+
+def _loads(payload: bytes) -> Any:
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload[:300].decode("utf-8", "replace")
+
+
+def _relay_answer(result: tuple[int, bytes, str | None] | Exception) -> Answer:
+    """What a push hears when its batch was not acknowledged as part of a merged batch."""
+    if isinstance(result, Exception):
+        if isinstance(result.__cause__, TimeoutError):
+            return _answer(504, {"error": f"relay: the collector did not answer in time "
+                                 f"({result})", "field": None})
+        return _unavailable(f"the collector is unreachable ({result})")
+    status, payload, retry = result
+    if status in _RETRY_PASS:
+        return status, payload, {"Retry-After": retry or "1"}
+    if status >= 500 or status == 408:
+        return _answer(502, {"error": f"relay: the collector answered {status}: "
+                             f"{payload[:300].decode('utf-8', 'replace')}", "field": None})
+    return status, payload, {}  # its own answer (200 or a 4xx)
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def create_app(relay: Relay) -> Any:
+    """The relay's ASGI app: ``POST /v1/ingest`` and ``GET /healthz``."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    cfg = relay.config
+
+    def respond(ans: Answer) -> Response:
+        return Response(ans[1], ans[0], headers=ans[2], media_type="application/json")
+
+    def refuse(ans: Answer) -> Response:
+        relay.stats.rejected += 1
+        return respond(ans)
+
+    async def ingest(request: Request) -> Response:
+        header = request.headers.get("authorization", "")
+        if (err := relay.check_token(header)) is not None:
+            return refuse(err)
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        decode = _DECODERS.get(ctype)
+        if decode is None:
+            return refuse(_answer(415, {"error": f"content type {ctype} not supported; send "
+                                        f"{' or '.join(_DECODERS)}", "field": "content-type"}))
+        too_large = _answer(413, {"error": f"batch larger than {cfg.max_body_bytes} bytes; "
+                                  "send smaller batches", "field": None})
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
+            return refuse(too_large)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > cfg.max_body_bytes:
+                return refuse(too_large)
+        data = bytes(body)
+        try:
+            batch = await run_in_threadpool(decode, data)
+        except BatchError as exc:
+            return refuse(_answer(exc.status, exc.as_dict()))
+        return respond(await relay.submit(batch, data, ctype, header))
+
+    async def healthz(request: Request) -> Response:
+        return Response(orjson.dumps(relay.health()), media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/ingest", ingest, methods=["POST"]),
+                             Route("/healthz", healthz, methods=["GET"])])
+
+
+def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning") -> Relay:
+    """Run the relay until SIGINT/SIGTERM (or ``idle_exit_s`` without a push); returns it.
+
+    ``ready``, if given, is called with the bound port once the relay accepts connections.
+    Pushes in flight at shutdown are still forwarded and answered.
+    """
+    import uvicorn
+
+    relay = Relay(config)
+    uconfig = uvicorn.Config(create_app(relay), host=config.host, port=config.port,
+                             log_level=log_level, access_log=False, lifespan="off",
+                             timeout_graceful_shutdown=2 * config.timeout_s + 1)
+    server = uvicorn.Server(uconfig)
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                await task
+                return
+            await asyncio.sleep(0.02)
+        if ready is not None:
+            ready(server.servers[0].sockets[0].getsockname()[1])
+        while not task.done():
+            await asyncio.wait({task}, timeout=1.0)
+            if (config.idle_exit_s and relay.idle()
+                    and time.monotonic() - relay.last_push > config.idle_exit_s):
+                log.info("relay: no push for %.0f s; exiting", config.idle_exit_s)
+                server.should_exit = True
+        await task
+
+    # uvicorn shuts down on SIGINT/SIGTERM, then re-raises the signal with the handler that
+    # was there before it: make that one ask for the same clean stop (it also covers a
+    # signal arriving before uvicorn installed its own), so the caller gets the counters
+    def _stop(signum: int, frame: Any) -> None:
+        server.should_exit = True
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop)
+    try:
+        asyncio.run(main())
+    finally:
+        relay.close()
+    return relay
+
+
+# ----------------------------------------------------------------------------- exporter side
+
+
+def relay_url(port: int) -> str:
+    """The URL of the relay on this host."""
+    return f"http://127.0.0.1:{port}"
+
+
+def relay_health(port: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
+    """The ``/healthz`` of a goodlens relay on ``port`` of this host, or None if none answers."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        info = orjson.loads(resp.read()) if resp.status == 200 else None
+    except (OSError, http.client.HTTPException, orjson.JSONDecodeError):
+        return None
+    finally:
+        conn.close()
+    return info if isinstance(info, dict) and info.get("relay") is True else None
+
+
+def relay_serves(port: int, upstream: str) -> bool:
+    """Whether a relay listens on ``port`` and forwards to ``upstream``."""
+    info = relay_health(port)
+    if info is None:
+        return False
+    try:
+        return _endpoint(str(info.get("upstream"))) == _endpoint(upstream)
+    except ValueError:
+        return False
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_relay(upstream: str, port: int, wait_s: float = RELAY_WAIT_S) -> int | None:
+    """Start ``goodlens relay`` as a detached process (its own session, so it outlives the
+    caller and sends what is in flight after the ranks exit; it exits after
+    :data:`AUTO_IDLE_EXIT_S` without a push) and wait up to ``wait_s`` for it to serve
+    ``upstream``. Returns its pid, or None when it did not come up (the log is in the
+    temporary folder: ``goodlens-relay-PORT.log``)."""
+    import collector
+    root = os.path.dirname(os.path.dirname(os.path.abspath(collector.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    path = os.path.join(tempfile.gettempdir(), f"goodlens-relay-{port}.log")
+    try:
+        with open(path, "ab") as logf:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "from goodlens.cli import main; main(prog_name='goodlens')",
+                 "relay", "--upstream", upstream,
+                 "--port", str(port), "--idle-exit", f"{AUTO_IDLE_EXIT_S:g}s",
+                 "--log-level", "warning"],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, env=env,
+                start_new_session=True, close_fds=True)
+    except OSError as exc:
+        log.warning("goodlens: could not start a host relay (%s); sending directly", exc)
+        return None
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if relay_serves(port, upstream):
+            return proc.pid
+        if proc.poll() is not None:  # lost a race for the port, or failed: see its log
+            return proc.pid if relay_serves(port, upstream) else None
+        time.sleep(0.05)
+    log.warning("goodlens: the host relay on port %d did not answer within %.0f s (log: %s); "
+                "sending directly meanwhile", port, wait_s, path)
+    return None
+
+
+class HostRelayTransport(Transport):
+    """:class:`~collector.transport.Transport` through the host's relay, falling back to the
+    collector directly while no relay for that collector answers on the port.
+
+    Whether the relay is usable is checked (``GET /healthz``: a goodlens relay forwarding to
+    this collector) before the first push and then, while it is not, again after 1 s,
+    2 s, 4 s ... up to :data:`RELAY_RECHECK_S`; a relay that stops answering mid-run is left
+    at once for the collector.
+    A relay that answers 503 (the collector is away behind it) is not left: the batch
+    spills, as it would have when sending directly.
+    """
+
+    def __init__(self, upstream: str, relay_port: int, token: str | None = None,
+                 timeout_s: float = 5.0, spill_path: str | None = None,
+                 max_spill_bytes: int = 1 << 30) -> None:
+        super().__init__(relay_url(relay_port), token, timeout_s, spill_path, max_spill_bytes)
+        self.upstream = upstream
+        self.relay_port = relay_port
+        self.via_relay: bool | None = None
+        """True while sending through the relay, False while directly, None before a push."""
+        self._direct = Transport(upstream, token, timeout_s)  # only its _post is used
+        self._recheck_at = 0.0
+        self._recheck_s = 1.0  # doubles up to RELAY_RECHECK_S while no relay answers
+
+    def _post(self, body: bytes, content_type: str = "application/json") -> str:
+        if not self.via_relay and time.monotonic() >= self._recheck_at:
+            was = self.via_relay
+            self.via_relay = relay_serves(self.relay_port, self.upstream)
+            self._recheck_at = time.monotonic() + self._recheck_s
+            self._recheck_s = min(RELAY_RECHECK_S, self._recheck_s * 2)
+            if self.via_relay != was:
+                log.info("goodlens: %s", f"sending through the host relay on port "
+                         f"{self.relay_port}" if self.via_relay else
+                         f"no host relay for {self.upstream} on port {self.relay_port}; "
+                         "sending to the collector directly")
+        if self.via_relay:
+            backoff, next_try = self._backoff, self._next_try
+            outcome = super()._post(body, content_type)
+            # Transport drops its connection only when nothing answered: the relay is away
+            if outcome != "retry" or self._conn is not None:
+                return outcome
+            self._backoff, self._next_try = backoff, next_try
+            self.via_relay = False
+            self._recheck_s = 1.0
+            self._recheck_at = time.monotonic() + self._recheck_s
+            log.warning("goodlens: the host relay on port %d stopped answering (%s); sending "
+                        "to the collector directly", self.relay_port, self.stats.last_error)
+        outcome = self._direct._post(body, content_type)
+        if outcome == "ok":
+            self._backoff = 0.0
+            self._next_try = 0.0
+            self.stats.sent_batches += 1
+        elif outcome == "retry":
+            self._failed(self._direct.stats.last_error or "collector unreachable")
+        else:
+            self.stats.rejected_batches += 1
+            self.stats.last_error = self._direct.stats.last_error
+        return outcome
+
+    def close(self) -> None:
+        """Close both connections."""
+        super().close()
+        self._direct.close()
+
+
+def host_relay_transport(upstream: str, relay_port: int = DEFAULT_RELAY_PORT,
+                         local_rank: int | None = None, token: str | None = None,
+                         timeout_s: float = 5.0, spill_path: str | None = None,
+                         max_spill_bytes: int = 1 << 30) -> HostRelayTransport:
+    """The exporter's transport with ``host_relay``: local rank 0 (or a process without a
+    local rank) starts the relay when nothing listens on the port and waits for it (at most
+    :data:`RELAY_WAIT_S`); the other ranks only look for it."""
+    if local_rank in (0, None) and not _listening(relay_port):
+        start_relay(upstream, relay_port)
+    return HostRelayTransport(upstream, relay_port, token, timeout_s, spill_path,
+                              max_spill_bytes)
