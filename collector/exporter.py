@@ -234,11 +234,12 @@ class RankExporter:
         self._seq = itertools.count()
         self._scope = _FastStepScope(self._steps.append, self._index.__next__)
         self._phases = {k: _PhaseScope(self._marks.append, k) for k in ("collective", "data")}
-        self._asm = _Assembler()
+        self._asm = _Assembler(cfg.attempt)
         self._send_lock = threading.Lock()
         self._stop = threading.Event()
         self._meta_sent = False
         self._last_batch_rows = 0
+        self._last_taken = (0, 0)
         self._last_heartbeat = time.monotonic()
         self._transport: Transport | None = None
         self._thread: threading.Thread | None = None
@@ -430,23 +431,35 @@ class RankExporter:
         assert self._transport is not None
         self._transport.drain_spill()
         ctype = ARROW if self.config.wire == "arrow" else JSON
-        while self._steps or self._events or not self._meta_sent:
+        # send what is buffered now, not what the training thread adds meanwhile: when a
+        # push takes longer than a step, chasing the deque would send one tiny batch per step
+        left_steps, left_events = len(self._steps), len(self._events)
+        while left_steps > 0 or left_events > 0 or not self._meta_sent:
+            if self._meta_sent and not self._steps and not self._events:
+                break  # the bounded buffer evicted what was counted
             try:
-                body, rows = self._next_batch(final)
+                body, rows = self._next_batch(final, max(left_steps, 1), max(left_events, 1))
+                left_steps -= self._last_taken[0]
+                left_events -= self._last_taken[1]
             except Exception:  # rows were taken off the buffer: count them
                 log.exception("goodlens: could not encode a batch; its rows are dropped")
                 self._asm.dropped += self._last_batch_rows
+                left_steps -= self._last_taken[0]
+                left_events -= self._last_taken[1]
                 self._meta_sent = True
                 continue
             self._asm.dropped += self._transport.deliver(body, rows, ctype)
             self._meta_sent = True
 
-    def _next_batch(self, final: bool) -> tuple[bytes, int]:
+    def _next_batch(self, final: bool, max_steps: int | None = None,
+                    max_events: int | None = None) -> tuple[bytes, int]:
         cfg = self.config
-        raw = _popleft(self._steps, cfg.batch_rows)
+        self._last_taken = (0, 0)
+        raw = _popleft(self._steps, min(cfg.batch_rows, max_steps or cfg.batch_rows))
         marks = _popleft(self._marks, len(self._marks))
-        events = _popleft(self._events, cfg.batch_rows)
+        events = _popleft(self._events, min(cfg.batch_rows, max_events or cfg.batch_rows))
         self._last_batch_rows = len(raw) + len(events)
+        self._last_taken = (len(raw), len(events))
         steps = self._asm.assemble(raw, marks, self._offset, self.attempt)
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "run_id": cfg.run_id,
                                "exporter": {"source": self.source,
@@ -484,13 +497,15 @@ class _Assembler:
     next call. Gaps in the step index are rows the bounded buffer evicted.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, attempt: int | None = None) -> None:
         self.split = False
         self.dropped = 0
         self.last_step: int | None = None
         self._next_index = 0
         self._pending: list[tuple] = []
-        self._attempt: int | None = None
+        # the attempt the exporter started in: rows recorded before a new_attempt marker
+        # belong to it even when the marker comes before the first send
+        self._attempt: int | None = attempt
 
     def assemble(self, raw: list[tuple], marks: list[tuple], offset: float,
                  attempt: int) -> list[tuple]:

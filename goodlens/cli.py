@@ -667,4 +667,7 @@ import goodlens.cli_relay as _cli_relay  # noqa: E402, F401  (registers `goodlen
 from goodlens import cli_plan  # noqa: E402, F401  (registers the `goodlens plan` commands)
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # `python -m goodlens.cli`: this file runs as __main__, a second copy of the module that
+    # the plan, cluster and relay modules did not register on; run the registered one
+    from goodlens.cli import main as _registered_main
+    _registered_main()

@@ -272,3 +272,50 @@ def test_a_refused_batch_counts_its_rows_as_dropped(collector):
     exp.flush(timeout=5)
     assert exp.stats["rejected_batches"] >= 1 and exp.stats["dropped_rows"] == 7
     exp.close(timeout=1)
+
+
+def test_slow_pushes_do_not_split_into_one_batch_per_step(collector):
+    """A push slower than a step must not make the flusher chase the buffer (one tiny batch
+    per step): each flush sends what was buffered when it began."""
+    exp = RankExporter(run_id="slow", url=collector.url, flush_interval_s=0.2)
+    real = exp._transport.deliver
+    calls = []
+
+    def slow_deliver(body, rows, ctype):
+        calls.append(rows)
+        time.sleep(0.05)  # a push takes 50 ms; a step below takes 5 ms
+        return real(body, rows, ctype)
+    exp._transport.deliver = slow_deliver
+    n, end = 0, time.monotonic() + 1.5
+    while time.monotonic() < end:
+        with exp.step(n):
+            time.sleep(0.005)
+        n += 1
+    exp.close()
+    collector.stop()
+    st = Store(collector.db, read_only=True)
+    try:
+        assert len(st.steps("slow")) == n
+    finally:
+        st.close()
+    # about one push per flush interval and push (1.5 s / 0.25 s), not back to back (~30)
+    assert len(calls) <= 12, f"{len(calls)} pushes for {n} steps"
+
+
+def test_new_attempt_before_the_first_send_keeps_earlier_rows_attempt(collector):
+    exp = RankExporter(run_id="att", url=collector.url, flush_interval_s=3600, attempt=2)
+    for s in range(3):
+        with exp.step(s):
+            pass
+    exp.new_attempt()  # before anything was sent
+    for s in range(3, 5):
+        with exp.step(s):
+            pass
+    exp.close()
+    collector.stop()
+    st = Store(collector.db, read_only=True)
+    try:
+        got = dict(zip(st.steps("att").step, st.steps("att").attempt))
+    finally:
+        st.close()
+    assert got == {0: 2, 1: 2, 2: 2, 3: 3, 4: 3}

@@ -1,0 +1,5 @@
+"""``python -m goodlens``: the same as the ``goodlens`` command."""
+
+from goodlens.cli import main
+
+main()
