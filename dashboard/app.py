@@ -111,8 +111,8 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     @app.callback(Output("ranks-body", "children"), Output("ranks-version", "data"),
                   Input("tick", "n_intervals"), Input("url", "pathname"),
                   Input("ranks-attempt", "value"), Input("ranks-pool", "value"),
-                  State("ranks-version", "data"))
-    def ranks_page(_: Any, pathname: str | None, attempt: Any, pool: str,
+                  Input("ranks-span", "value"), State("ranks-version", "data"))
+    def ranks_page(_: Any, pathname: str | None, attempt: Any, pool: str, span: str,
                    shown: Any) -> tuple[Any, Any]:
         kind, run_id = parse_path(pathname)
         if kind != "ranks" or run_id is None:
@@ -120,10 +120,10 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         v = data.version(run_id)
         if v is None:
             return pages.not_found(f"run {run_id!r} is gone"), None
-        key = [*v, attempt, pool, data.findings_ready(run_id)]
+        key = [*v, attempt, pool, span, data.findings_ready(run_id)]
         if shown is not None and key == list(shown) and dash.ctx.triggered_id == "tick":
             return NO, NO
-        rk = data.ranks(run_id, None if attempt is None else int(attempt))
+        rk = data.ranks(run_id, None if attempt is None else int(attempt), span == "all")
         return pages.ranks_body(rk, pool or "max"), key
 
     @app.callback(Output("whatif-body", "children"), Input("url", "pathname"),

@@ -35,8 +35,11 @@ class DashConfig:
     """Heatmap rows at most (ranks are max-pooled into this many bins)."""
     step_bins: int = 300
     """Heatmap columns at most (steps pooled likewise)."""
-    heatmap_max_rows: int = 40_000_000
-    """Rank-step records the heatmap scans at most: longer attempts show their latest steps."""
+    heatmap_max_rows: int = 8_000_000
+    """Rank-step records the heatmap scans by default: longer attempts show their latest
+    steps (at 16,384 ranks, about the last 500), which keeps a cold redraw near 0.2 s."""
+    heatmap_all_rows: int = 200_000_000
+    """The most the "whole attempt" choice scans (about 2 s on two cores)."""
     detect_max_rows: int = 5_000_000
     """A run no live detector has seen is scanned on the ranks page up to this many
     rank-steps (a batch pass); larger ones show only what the collector flagged."""
@@ -136,16 +139,17 @@ class RunData:
         return {"run": run_id, "table": table, "measured": m.as_dict(),
                 "sentence": m.sentence()}
 
-    def ranks(self, run_id: str, attempt: int | None = None) -> dict[str, Any] | None:
+    def ranks(self, run_id: str, attempt: int | None = None, whole: bool = False
+              ) -> dict[str, Any] | None:
         """The rank x step heatmap of one attempt (default: the latest), findings, roll-ups."""
         v = self.version(run_id)
         if v is None:
             return None
         ready = self.findings_ready(run_id)
-        return self._cached(("ranks", run_id, v, attempt, ready),
-                            lambda: self._ranks(run_id, attempt))
+        return self._cached(("ranks", run_id, v, attempt, ready, whole),
+                            lambda: self._ranks(run_id, attempt, whole))
 
-    def _ranks(self, run_id: str, attempt: int | None) -> dict[str, Any]:
+    def _ranks(self, run_id: str, attempt: int | None, whole: bool = False) -> dict[str, Any]:
         cfg = self.config
         attempts = self.store.attempts(run_id)
         known = [int(a) for a in attempts.attempt] if len(attempts) else []
@@ -159,11 +163,13 @@ class RunData:
         if span is not None:
             s0, s1, ranks = span
             # long attempts: the latest steps that fit the scan budget
-            s0 = max(s0, s1 - max(cfg.heatmap_max_rows // max(ranks, 1), 1) + 1)
+            budget = cfg.heatmap_all_rows if whole else cfg.heatmap_max_rows
+            s0 = max(s0, s1 - max(budget // max(ranks, 1), 1) + 1)
             grid = self.store.heatmap(run_id, attempt, s0, s1, min(cfg.rank_bins, ranks),
                                       min(cfg.step_bins, s1 - s0 + 1))
             out["grid"] = grid
             out["window"] = (s0, s1, ranks)
+            out["clipped"] = s0 > span[0]
             hosts = self.store.host_compute(run_id, attempt, s0, s1)
             out["hosts"] = _host_rollup(hosts, run_tags(self.store.run(run_id)))
         out["findings"], out["findings_source"] = self.findings(run_id)

@@ -152,6 +152,10 @@ def ranks_controls(attempts: list[int], attempt: int | None) -> html.Div:
             id="ranks-pool", options=[{"label": "the slowest rank", "value": "max"},
                                       {"label": "the mean", "value": "mean"}],
             value="max", inline=True, style={"display": "inline-block"}),
+        html.Label(" steps "), dcc.RadioItems(
+            id="ranks-span", options=[{"label": "latest", "value": "latest"},
+                                      {"label": "whole attempt", "value": "all"}],
+            value="latest", inline=True, style={"display": "inline-block"}),
     ], className="gl-controls")
 
 
@@ -181,7 +185,8 @@ def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
                                       else "No persistent straggler.", id="findings-none"))
     window = d.get("window")
     note = (f"steps {window[0]:,}-{window[1]:,} of attempt {d['attempt']}, {window[2]:,} ranks"
-            if window else "")
+            + (" (the latest steps; choose 'whole attempt' for all)" if d.get("clipped")
+               else "") if window else "")
     sw = fig.switch_table_rows(d.get("hosts"))
     switches = _table(["switch", "hosts", "mean vs median host", "worst host", "its slowdown"],
                       [[r["switch"], r["hosts"], fig.pct(r["relative"]), r["worst_host"],

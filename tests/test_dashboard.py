@@ -322,3 +322,16 @@ def test_cluster_page_pieces() -> None:
     target = next(t for t in own.data if t.name == "target share")
     assert sum(target.y) == pytest.approx(100.0)
     assert cluster.cluster_body(res) is not None and cluster.cluster_layout() is not None
+
+
+def test_heatmap_scans_the_latest_steps_unless_asked_for_all(tmp_path: Path) -> None:
+    store = _grid_store(tmp_path, ranks=64, steps=100, slow_rank=3, slowdown=0.1)
+    try:
+        data = RunData(store, DashConfig(heatmap_max_rows=64 * 30))
+        latest = data.ranks("g")
+        assert latest["window"] == (70, 99, 64) and latest["clipped"]
+        assert "the latest steps" in str(pages.ranks_body(latest))
+        whole = data.ranks("g", whole=True)
+        assert whole["window"] == (0, 99, 64) and not whole["clipped"]
+    finally:
+        store.close()
