@@ -95,6 +95,10 @@ class StoreSpec(click.ParamType):
     def __init__(self, exists: bool = False) -> None:
         self.exists = exists
 
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str:
+        """Shown in --help as is (click would upper-case the name)."""
+        return self.name
+
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
         text = str(value)
         if text.startswith("parquet:"):
@@ -131,7 +135,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--db", required=True, type=StoreSpec(),
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(),
               help="DuckDB file the collector owns (created if missing), or parquet:DIR: a "
                    "Parquet dataset that several collectors can write at once.")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -210,7 +214,7 @@ _RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
 
 
 @main.command()
-@click.option("--db", type=StoreSpec(),
+@click.option("--db", "--store", "db", type=StoreSpec(),
               help="Store file (no collector may hold it).")
 @click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
 @click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
@@ -331,7 +335,7 @@ def report_text(rep: dict[str, Any]) -> str:
 
 
 @main.command()
-@click.option("--db", type=StoreSpec(),
+@click.option("--db", "--store", "db", type=StoreSpec(),
               help="Store file (no collector may hold it).")
 @click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
 @click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
@@ -499,7 +503,7 @@ def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int
 
 
 @main.command()
-@click.option("--db", required=True, type=StoreSpec(exists=True),
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(exists=True),
               help="Store file (no collector may hold it).")
 @click.option("--run", "run_id", required=True, help="Run id.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
@@ -534,7 +538,7 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--db", required=True, type=StoreSpec(exists=True),
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(exists=True),
               help="Store file, opened read-only (no collector may hold it; a running "
                    "collector serves the dashboard itself at its own /).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
@@ -577,7 +581,7 @@ def _import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
 
 @main.command("import")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
-@click.option("--db", required=True, type=StoreSpec(),
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(),
               help="Store file to load into (created if missing; no collector may hold it).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def import_cmd(trace: str, db: str, as_json: bool) -> None:
@@ -596,7 +600,7 @@ def import_cmd(trace: str, db: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
-@click.option("--db", type=StoreSpec(),
+@click.option("--db", "--store", "db", type=StoreSpec(),
               help="Load into this store file, offline (no collector may hold it).")
 @click.option("--live", "url", help="Stream through a running collector instead, e.g. "
                                     "http://127.0.0.1:8470.")
@@ -644,7 +648,7 @@ def replay(trace: str, db: str | None, url: str | None, speed: float, token: str
 
 
 @main.command()
-@click.option("--db", required=True, type=StoreSpec(exists=True),
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(exists=True),
               help="Store file (no collector may hold it).")
 @click.option("--run", "run_ids", multiple=True, required=True, help="Run id (repeatable).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),

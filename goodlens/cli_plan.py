@@ -50,7 +50,7 @@ def _plain(obj: Any) -> Any:
 
 
 @main.group(invoke_without_command=True)
-@click.option("--db", type=StoreSpec(exists=True),
+@click.option("--db", "--store", "db", type=StoreSpec(exists=True),
               help="Measured mode: a store file (no collector may hold it).")
 @click.option("--run", "run_id", help="Measured mode: the run to measure.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")

@@ -219,6 +219,16 @@ def test_cli_report_and_dashboard_data_on_parquet(tmp_path: Path) -> None:
     assert json.loads(rep.stdout)["goodput"] == pytest.approx(
         report_dict(single, "sim-64")["goodput"], abs=1e-9)
     single.close()
+    # the detectors read the same rows through the same API: the same findings
+    found = subprocess.run([*GOODLENS, "detect", "--store", f"parquet:{tmp_path}/p", "--run",
+                            "sim-64", "--json"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert found.returncode == 0, found.stderr
+    want = subprocess.run([*GOODLENS, "detect", "--db", str(tmp_path / "s.duckdb"), "--run",
+                           "sim-64", "--json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert json.loads(found.stdout)["findings"] == json.loads(want.stdout)["findings"]
+    assert json.loads(found.stdout)["findings"], "sim-64 has a planted slow switch"
     bad = subprocess.run([*GOODLENS, "report", "--db", f"parquet:{tmp_path}/nothing"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "no goodlens Parquet dataset" in bad.stderr
