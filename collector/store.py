@@ -178,6 +178,7 @@ class Store:
         self._local = threading.local()
         if read_only:
             self._check_version()
+            self._summarize_leftovers()
         else:
             self._con.execute(_SCHEMA)
             if not self._con.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchall():
@@ -190,6 +191,29 @@ class Store:
         self._marks: dict[tuple[str, int], np.ndarray] = {}
         self._event_marks: dict[tuple[str, str], int] = {}
         self._known_runs = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
+
+    def _summarize_leftovers(self) -> None:
+        """A file whose collector stopped before summarising everything (a crash, a kill)
+        still has dirty step ranges: summarise them into temporary tables that shadow the
+        stored ones (in every cursor this store hands out), so reads over the file are exact.
+        The file itself is not changed; the next collector to open it summarises for good."""
+        self._shadow: pa.Table | None = None
+        if not self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0]:
+            return
+        self._con.execute("CREATE TEMP TABLE step_summaries AS "
+                          "SELECT * FROM main.step_summaries")
+        self._con.execute("CREATE TEMP TABLE dirty AS SELECT * FROM main.dirty")
+        self.summarize_dirty()
+        self._shadow = self._con.sql("SELECT * FROM step_summaries").to_arrow_table()
+
+    def _new_cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = self._con.cursor()
+        if getattr(self, "_shadow", None) is not None:
+            # temporary tables belong to one connection: give each cursor its own copy
+            cur.register("_shadow", self._shadow)
+            cur.execute("CREATE TEMP TABLE step_summaries AS SELECT * FROM _shadow")
+            cur.unregister("_shadow")
+        return cur
 
     def _check_version(self) -> None:
         rows = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
@@ -345,7 +369,7 @@ class Store:
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new cursor on the file for a thread of its own (the summariser's)."""
-        return self._con.cursor()
+        return self._new_cursor()
 
     def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
         """Recompute the summaries of every dirty step range; returns the steps summarised.
@@ -404,7 +428,7 @@ class Store:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         cur = getattr(self._local, "cur", None)
         if cur is None:
-            cur = self._local.cur = self._con.cursor()
+            cur = self._local.cur = self._new_cursor()
         return cur
 
     def _df(self, sql: str, params: list | dict | None = None) -> pd.DataFrame:

@@ -208,3 +208,28 @@ def test_a_stray_step_number_does_not_make_summaries_walk_the_gap(store):
     store.write_group([batch("r", 0, [0, 1, 2]), batch("r", 1, [0, 10**15])])
     assert store.summarize_dirty() == 4  # steps 0, 1, 2 and 10^15: not the 10^15 between
     assert sorted(store.step_summaries("r").step) == [0, 1, 2, 10**15]
+
+
+def test_read_only_open_summarises_what_a_crashed_collector_left_dirty(tmp_path):
+    """A collector killed before its summariser ran leaves dirty ranges: a read-only open
+    (goodlens report --db, the dashboard) summarises them in memory, so reads are exact,
+    and leaves the file as it was."""
+    path = tmp_path / "crashed.duckdb"
+    s = Store(path)
+    s.write_group([batch("r", rank, list(range(10))) for rank in range(4)])
+    s.summarize_dirty()
+    s.write_group([batch("r", rank, list(range(10, 25))) for rank in range(4)])  # not summarised
+    s.close()
+    ro = Store(path, read_only=True)
+    try:
+        assert len(ro.step_summaries("r")) == 25
+        assert ro.run("r")["steps"] == 25 and ro.run("r")["last_step"] == 24
+    finally:
+        ro.close()
+    rw = Store(path)
+    try:
+        assert rw.has_dirty()  # the file was not changed by the read-only open
+        rw.summarize_dirty()
+        assert len(rw.step_summaries("r")) == 25
+    finally:
+        rw.close()
