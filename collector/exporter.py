@@ -39,7 +39,7 @@ from typing import Any
 
 from collector.ingest import encode_batch
 from collector.ingest_arrow import encode_arrow_batch
-from collector.transport import ARROW, JSON, Transport
+from collector.transport import ARROW, JSON, Transport, claim_spill
 from goodlens.model import EVENT_COLUMNS, EVENT_KINDS, SCHEMA_VERSION
 
 log = logging.getLogger("goodlens.exporter")
@@ -243,6 +243,7 @@ class RankExporter:
         self._last_heartbeat = time.monotonic()
         self._transport: Transport | None = None
         self._thread: threading.Thread | None = None
+        self._spill_lock: int | None = None
         if not self.enabled or not cfg.url:
             self.enabled = False  # nowhere to send: record nothing, cost nothing
             return
@@ -251,7 +252,9 @@ class RankExporter:
             try:
                 os.makedirs(cfg.spill_dir, exist_ok=True)
                 safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.run_id)
-                spill = os.path.join(cfg.spill_dir, f"{safe}-rank{cfg.rank}.jsonl")
+                # one file per live process (two processes of one rank never share one);
+                # a restarted rank takes over the file, and its predecessors' leftovers
+                spill, self._spill_lock = claim_spill(cfg.spill_dir, f"{safe}-rank{cfg.rank}")
             except OSError as exc:
                 log.warning("goodlens: no spill directory (%s); undeliverable batches will "
                             "be dropped", exc)
@@ -402,6 +405,9 @@ class RankExporter:
                 except Exception:
                     log.exception("goodlens: final spill failed")
         self._transport.close()
+        if self._spill_lock is not None:
+            os.close(self._spill_lock)  # releases the flock: the next process may adopt it
+            self._spill_lock = None
         _LIVE.discard(self)
         return ok
 

@@ -45,6 +45,64 @@ class DeliveryStats:
     last_error: str | None = None
 
 
+def whole_records(data: bytes) -> int:
+    """Length of the prefix of spill-file bytes made of whole records (a crash mid-write
+    leaves a torn last record)."""
+    pos = 0
+    while pos + _HEADER.size <= len(data):
+        magic, kind, length = _HEADER.unpack_from(data, pos)
+        end = pos + _HEADER.size + length
+        if magic != b"GL" or kind >= len(_KINDS) or end > len(data):
+            break
+        pos = end
+    return pos
+
+
+def claim_spill(folder: str, stem: str) -> tuple[str, int | None]:
+    """A spill file for one process: ``folder/stem.jsonl`` when no live process holds it
+    (an ``flock`` on its ``.lock``), else ``folder/stem-<pid>.jsonl``. The winner of the
+    shared name also adopts what dead processes left in ``stem-<pid>.jsonl`` files (whole
+    records appended to its own file), so a restarted rank delivers its predecessors'
+    leftovers. Returns the path and the lock's file descriptor (keep it open)."""
+    import fcntl
+    import glob
+
+    def lock(path: str) -> int | None:
+        fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            os.close(fd)
+            return None
+    shared = os.path.join(folder, f"{stem}.jsonl")
+    fd = lock(shared)
+    if fd is None:  # another live process has this rank's file: use one of our own
+        own = os.path.join(folder, f"{stem}-{os.getpid()}.jsonl")
+        return own, lock(own)
+    pattern = os.path.join(glob.escape(folder), f"{glob.escape(stem)}-*.jsonl")
+    for orphan in sorted(glob.glob(pattern)):
+        if not orphan[len(shared) - len(".jsonl") + 1:-len(".jsonl")].isdigit():
+            continue  # another stem that starts like ours, not a pid
+        ofd = lock(orphan)
+        if ofd is None:
+            continue  # still alive
+        try:
+            with open(orphan, "rb") as f:
+                data = f.read()
+            with open(shared, "ab") as f:
+                f.write(data[:whole_records(data)])
+                f.flush()
+                os.fsync(f.fileno())
+            os.remove(orphan)
+            os.remove(orphan + ".lock")
+        except OSError as exc:
+            log.warning("goodlens: could not adopt spill file %s: %s", orphan, exc)
+        finally:
+            os.close(ofd)
+    return shared, fd
+
+
 class Transport:
     """HTTP delivery with backoff and a spill file. Used by one thread at a time."""
 
@@ -79,13 +137,7 @@ class Transport:
         try:
             with open(self.spill_path, "rb") as f:
                 data = f.read()
-            pos = 0
-            while pos + _HEADER.size <= len(data):
-                magic, kind, length = _HEADER.unpack_from(data, pos)
-                end = pos + _HEADER.size + length
-                if magic != b"GL" or kind >= len(_KINDS) or end > len(data):
-                    break
-                pos = end
+            pos = whole_records(data)
             if pos < len(data):
                 with open(self.spill_path, "r+b") as f:
                     f.truncate(pos)

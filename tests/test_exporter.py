@@ -252,7 +252,7 @@ def test_numpy_values_and_torn_spill_tails_lose_nothing(tmp_path):
     exp.event("ckpt_save_start", step=np.int64(5), bytes=np.int64(10))
     assert not exp.close(timeout=0.5)  # collector down: everything parked in the spill file
     assert exp.stats["dropped_rows"] == 0 and exp.stats["spilled_batches"] >= 1
-    path = next(spill.iterdir())
+    path = next(spill.glob("*.jsonl"))
     with open(path, "ab") as f:
         f.write(b"GL\x01\x00\x00\x10\x00torn")  # the process died mid-append
     t = Transport("http://127.0.0.1:9", spill_path=str(path))  # the next process's
@@ -319,3 +319,44 @@ def test_new_attempt_before_the_first_send_keeps_earlier_rows_attempt(collector)
     finally:
         st.close()
     assert got == {0: 2, 1: 2, 2: 2, 3: 3, 4: 3}
+
+
+def test_two_live_processes_of_one_rank_never_share_a_spill_file(tmp_path):
+    """Two exporters of the same run and rank at once (an elastic double, a restart racing
+    its predecessor's exit) spill to separate files; a later process of that rank adopts
+    the leftovers of one that died, and everything arrives once."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spill = tmp_path / "spill"
+    kw = dict(run_id="twin", url=url, rank=3, flush_interval_s=0.05, spill_dir=str(spill),
+              heartbeat_interval_s=0)
+    a, b = RankExporter(**kw), RankExporter(**kw)
+    for exp, first in ((a, 0), (b, 1000)):
+        for s in range(first, first + 200):
+            with exp.step(s):
+                pass
+    assert a.flush(timeout=0.5) is False and b.flush(timeout=0.5) is False  # collector away
+    files = sorted(p.name for p in spill.glob("*.jsonl"))
+    assert len(files) == 2 and "twin-rank3.jsonl" in files, files
+    b_file = next(p for p in spill.glob("twin-rank3-*.jsonl"))
+    b.close(timeout=0.2)  # b dies with its batches in its own file (its lock released)
+    a.close(timeout=0.2)
+    assert b_file.exists()
+    c = Collector(tmp_path / "twin.duckdb")
+    c.port, c.url = port, url
+    c.start()
+    try:
+        # the next process of rank 3 takes the shared file and adopts b's leftovers
+        nxt = RankExporter(**kw)
+        assert not b_file.exists()
+        assert nxt.flush(timeout=30)
+        nxt.close()
+        c.sync()
+    finally:
+        c.stop()
+    s = Store(tmp_path / "twin.duckdb", read_only=True)
+    try:
+        steps = sorted(s.steps("twin").step)
+    finally:
+        s.close()
+    assert steps == list(range(200)) + list(range(1000, 1200))
