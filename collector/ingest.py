@@ -223,7 +223,8 @@ def _numeric(value: list, col: Column, name: str) -> pa.Array:
         if kind == "u" and nd.size and nd.max() > np.iinfo(np.int64).max:
             raise BatchError(f"{name} has a value too large for a 64-bit integer", name)
         if col.maximum is not None and nd.size and nd.max() > col.maximum:
-            raise BatchError(f"{name} must be at most {col.maximum} (got {nd.max()})", name)
+            raise BatchError(f"{name} must be at most {col.maximum} (got {nd.max()})"
+                             f"{_unit_hint(col)}", name)
         return pa.array(nd.astype(np.int64 if col.kind == "int" else np.float64, copy=False))
     if kind == "O":  # nulls or mixed types: check element by element
         for v in value:
@@ -235,7 +236,7 @@ def _numeric(value: list, col: Column, name: str) -> pa.Array:
             raise BatchError(f"{name} must not be negative", name)
         if col.maximum is not None and arr.null_count < len(arr) and \
                 pc.max(arr).as_py() > col.maximum:
-            raise BatchError(f"{name} must be at most {col.maximum}", name)
+            raise BatchError(f"{name} must be at most {col.maximum}{_unit_hint(col)}", name)
         return arr
     raise BatchError(f"{name} must be a list of {want.split(' ', 1)[1]}s "
                      f"(found {nd.dtype.name} values)", name)
@@ -252,3 +253,8 @@ def _check_kinds(events: pa.Table) -> None:
 def encode_batch(doc: dict[str, Any]) -> bytes:
     """Serialise a batch object for the wire (the exporter's side of :func:`decode_batch`)."""
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _unit_hint(col: Any) -> str:
+    return ("; instants are seconds since the epoch, not milliseconds or nanoseconds"
+            if col.unit == "s (epoch)" else "")

@@ -22,7 +22,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.ingest import ARROW_TYPES, Batch, BatchError, validate_batch
+from collector.ingest import ARROW_TYPES, Batch, BatchError, _unit_hint, validate_batch
 from goodlens.model import STEP_COLUMNS
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
@@ -96,7 +96,7 @@ def arrow_steps(table: pa.Table) -> pa.Table:
             if col.nonnegative and pc.min(arr).as_py() < 0:
                 raise BatchError(f"{name} must not be negative", name)
             if col.maximum is not None and pc.max(arr).as_py() > col.maximum:
-                raise BatchError(f"{name} must be at most {col.maximum}", name)
+                raise BatchError(f"{name} must be at most {col.maximum}{_unit_hint(col)}", name)
         arrays.append(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr)
     return pa.Table.from_arrays(arrays, names=[c.name for c in STEP_COLUMNS])
 

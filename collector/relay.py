@@ -121,8 +121,12 @@ class RelayConfig:
     """Largest accepted push; bigger ones get 413 (as from the collector)."""
     max_pending_bytes: int = 256 * 1024 * 1024
     """Pushed bytes waiting for the collector before new pushes get 503."""
-    timeout_s: float = 4.0
-    """HTTP timeout of one upstream request (below the exporter's 5 s, so it hears why)."""
+    timeout_s: float = 2.0
+    """HTTP timeout of one upstream request."""
+    answer_within_s: float = 4.5
+    """Every push is answered within this long of arriving (below the exporter's 5 s
+    timeout, so it never gives up on a push the collector may still store and re-sends it):
+    a push that has waited so long that its forward could end later gets 503 at once."""
     idle_exit_s: float = 0.0
     """Exit after this long without a push (0: never); exporter-started relays use 10 min."""
     active_s: float = 10.0
@@ -135,6 +139,8 @@ class RelayConfig:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if self.window_s < 0 or self.timeout_s <= 0 or self.idle_exit_s < 0:
             raise ValueError("window and idle exit must not be negative, timeout positive")
+        if self.answer_within_s <= self.timeout_s + self.window_s:
+            raise ValueError("answer_within_s must exceed the upstream timeout plus the window")
         if min(self.max_batch_rows, self.max_batch_bytes, self.max_body_bytes,
                self.max_pending_bytes) <= 0:
             raise ValueError("row and byte limits must be positive")
@@ -407,6 +413,16 @@ class Relay:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), left)
             pushes = self._take()
+            # a push that waited behind a slow forward: forwarding it now could answer it
+            # after its exporter gave up (which then re-sends it): tell it to retry instead
+            late = time.monotonic() - (self.config.answer_within_s - self.config.timeout_s)
+            for p in [p for p in pushes if p.arrived < late]:
+                self.stats.failed += 1
+                if p.future is not None and not p.future.done():
+                    p.future.set_result(_unavailable("the collector is slow; retry"))
+            pushes = [p for p in pushes if p.arrived >= late]
+            if not pushes:
+                continue
             exporters = {run: {"source": f"{self._source}/{run}",
                                "dropped_rows": sum(v for (r, _), v in self._dropped.items()
                                                    if r == run)}

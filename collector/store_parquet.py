@@ -4,26 +4,28 @@ One DuckDB file behind one process does not hold a 100,000-GPU job for months. T
 writes hive-partitioned Parquet segments that DuckDB, Spark or Trino read as one dataset::
 
     DIR/_goodlens.json                                   schema version
-    DIR/steps/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<n>.parquet
-    DIR/events/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<n>.parquet
-    DIR/runs/<writer>-<n>.parquet                        run metadata, later rows win
+    DIR/steps/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<token>-<n>.parquet
+    DIR/events/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<token>-<n>.parquet
+    DIR/runs/<writer>-<token>-<n>.parquet                        run metadata, later rows win
 
 ``<run>`` is percent-encoded (Hive's convention; DuckDB, Spark and Trino decode it) and the
 hour is the UTC hour of a step's start or an event's time.
 
 Why it works without coordination:
 
-- every collector names its files ``<writer id>-<sequence>`` (host, pid, random), so two
-  writers never touch the same file;
-- a segment is written to a hidden temporary name, fsynced, then renamed into place (and
-  the directory fsynced): a reader sees a whole segment or none, and a collector killed
-  mid-write leaves only a ``.*.inprogress`` file no reader's ``*.parquet`` glob matches;
+- every collector names its files ``<writer id>-<process token>-<sequence>`` and publishes
+  them with a hard link, which fails rather than replace an existing name: no segment is
+  ever overwritten, even by a process that reuses a writer id;
+- a segment is written to a hidden temporary name, fsynced, then linked into place (and the
+  directories fsynced, new partition folders included): a reader sees a whole segment or
+  none, and a collector killed mid-write leaves only a ``.*.inprogress`` file no reader's
+  ``*.parquet`` glob matches;
 - readers deduplicate by key (a step is ``(run, attempt, rank, step)``, an event ``(run,
   source, seq)``), so a batch two collectors both stored, or rows a compaction has copied
   but not yet removed, count once;
-- compaction (:meth:`ParquetStore.compact`) merges a partition's small segments into one,
-  renames it into place, then removes the sources. A reader that listed a removed file
-  retries its query.
+- compaction (:meth:`ParquetStore.compact`) merges a partition's small segments into one
+  and removes the sources after a grace period, so a reader that listed them a moment
+  before still finds them (and a reader that still misses one retries its query).
 
 The read API is :class:`~collector.store.Store`'s, unchanged: this class runs DuckDB in
 memory with *views* named ``steps``, ``events`` and ``runs`` over the dataset, and keeps
@@ -87,7 +89,8 @@ class ParquetStore(Store):
     def __init__(self, root: str | Path, *, read_only: bool = False,
                  memory_limit: str | None = None, threads: int | None = None,
                  writer_id: str | None = None, compact_min_files: int = 8,
-                 compact_after_s: float = 300.0, rescan_every_s: float = 2.0) -> None:
+                 compact_after_s: float = 300.0, rescan_every_s: float = 2.0,
+                 grace_s: float = 60.0) -> None:
         self.root = Path(root)
         self.path = f"parquet:{self.root}"
         self.read_only = read_only
@@ -116,12 +119,17 @@ class ParquetStore(Store):
         self.writer_id = writer_id or (f"{socket.gethostname()}-{os.getpid()}-"
                                        f"{uuid.uuid4().hex[:6]}")
         self._seq = itertools.count()
+        self._token = uuid.uuid4().hex[:8]
         self._lock = threading.Lock()
         self._seen: set[str] = set()
         self._views: dict[str, bool] = {}
         self._marks: dict[tuple[str, int], np.ndarray] = {}
         self._event_marks: dict[tuple[str, str], int] = {}
         self.compact_min_files = compact_min_files
+        self.grace_s = grace_s
+        self._doomed: list[tuple[float, list[str]]] = []
+        self._views_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self.compact_after_s = compact_after_s
         self.rescan_every_s = rescan_every_s
         self._last_scan = 0.0
@@ -135,8 +143,12 @@ class ParquetStore(Store):
 
     # ------------------------------------------------------------------ views
     def _define_views(self, cur: duckdb.DuckDBPyConnection | None = None) -> None:
-        """(Re)point ``steps``, ``events`` and ``runs`` at the dataset once it has files."""
-        cur = cur or self._con
+        """(Re)point ``steps``, ``events`` and ``runs`` at the dataset once it has files
+        (one thread at a time: two replacing a view at once conflict in DuckDB's catalog)."""
+        with self._views_lock:
+            self._define_views_locked(cur or self._con)
+
+    def _define_views_locked(self, cur: duckdb.DuckDBPyConnection) -> None:
         for table in ("steps", "events", "runs"):
             has = any((self.root / table).glob("**/*.parquet")) if self.root.exists() else False
             if self._views.get(table) == has:
@@ -158,6 +170,18 @@ class ParquetStore(Store):
                     FROM read_parquet('{self._glob(table)}', {_HIVE}, union_by_name = true)
                     QUALIFY row_number() OVER (PARTITION BY {keys}) = 1""")
             self._views[table] = has
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = super()._cursor()
+        # a reader with no summariser thread of its own (goodlens dashboard or report over a
+        # live dataset) picks up new segments as it reads, every ``rescan_every_s``
+        if self.read_only and self.external_changes() and \
+                self._refresh_lock.acquire(blocking=False):
+            try:
+                self.summarize_dirty(cur)
+            finally:
+                self._refresh_lock.release()
+        return cur
 
     def _glob(self, table: str) -> str:
         pattern = "*.parquet" if table == "runs" else "*/*/*.parquet"
@@ -313,15 +337,16 @@ class ParquetStore(Store):
             written.append(self._write_segment(self.root / "runs", t))
         return written
 
+    def _segment_name(self) -> str:
+        # the process token keeps a reused --writer-id from reaching an earlier name
+        return f"{self.writer_id}-{self._token}-{next(self._seq):08d}.parquet"
+
     def _write_segment(self, folder: Path, t: pa.Table) -> str:
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"{self.writer_id}-{next(self._seq):08d}.parquet"
+        _makedirs_durable(folder)
+        name = self._segment_name()
         tmp = folder / f".{name}.inprogress"
         pq.write_table(t, tmp, compression="zstd", row_group_size=1_000_000)
-        _fsync(tmp)
-        os.replace(tmp, folder / name)
-        _fsync(folder)
-        return str(folder / name)
+        return _publish(tmp, folder, name, self._segment_name)
 
     # ------------------------------------------------------------------ summaries
     def external_changes(self) -> bool:
@@ -336,6 +361,10 @@ class ParquetStore(Store):
         con = con or self._con
         files = sorted(str(p) for p in (self.root / "steps").glob("*/*/*.parquet"))
         with self._lock:
+            listed = set(files)
+            # forget what is gone (compacted away); a segment this process wrote after the
+            # listing is forgotten too and re-summarised once: harmless
+            self._seen &= listed
             new = [f for f in files if f not in self._seen]
         if not new:
             return 0
@@ -369,49 +398,120 @@ class ParquetStore(Store):
     # ------------------------------------------------------------------ compaction
     def compact(self, min_files: int | None = None, older_than_s: float = 0.0,
                 con: duckdb.DuckDBPyConnection | None = None) -> int:
-        """Merge each partition holding ``min_files`` or more segments, none written in the
-        last ``older_than_s`` seconds, into one segment; returns the partitions merged."""
+        """Merge each partition (and the run metadata) holding ``min_files`` or more
+        segments, none written in the last ``older_than_s`` seconds, into one segment;
+        returns the partitions merged.
+
+        The merge streams through DuckDB's ``COPY`` (bounded by its memory limit), keeps
+        the files plain (no partition columns inside), and removes the sources only
+        ``grace_s`` later, so a reader that listed them a moment ago still finds them
+        (until then the readers' deduplication hides the copies)."""
         min_files = min_files or self.compact_min_files
+        self._remove_doomed()
         merged = 0
         now = time.time()
-        for table in ("steps", "events"):
-            for folder in sorted({p.parent for p in (self.root / table).glob("*/*/*.parquet")}):
-                files = sorted(folder.glob("*.parquet"))
-                if len(files) < min_files:
+        folders = [(t, f) for t in ("steps", "events")
+                   for f in sorted({p.parent for p in (self.root / t).glob("*/*/*.parquet")})]
+        folders.append(("runs", self.root / "runs"))
+        with self._lock:
+            doomed = {p for _, paths in self._doomed for p in paths}
+        for table, folder in folders:
+            files = sorted(f for f in folder.glob("*.parquet") if str(f) not in doomed)
+            if len(files) < min_files:
+                continue
+            try:
+                if any(now - f.stat().st_mtime < older_than_s for f in files):
                     continue
-                try:
-                    if any(now - f.stat().st_mtime < older_than_s for f in files):
-                        continue
-                except FileNotFoundError:
-                    continue  # another collector is compacting it
+            except FileNotFoundError:
+                continue  # another collector is compacting it
+            if table == "runs":
+                meta = ", ".join(f"arg_max({c}, written) FILTER (WHERE {c} IS NOT NULL) AS {c}"
+                                 for c in _RUN_NAMES)
+                query = (f"SELECT run_id, {meta}, min(first_seen) AS first_seen, "
+                         f"max(written) AS written FROM read_parquet($files, union_by_name = "
+                         f"true, hive_partitioning = false) GROUP BY run_id ORDER BY run_id")
+            else:
                 keys = [k for k in _KEYS[table] if k != "run_id"]
-                cur = (con or self._con).cursor()
-                try:
-                    t = cur.sql(
-                        f"SELECT * FROM read_parquet($files, union_by_name = true) "
-                        f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)}) = 1 "
-                        f"ORDER BY {', '.join(_ORDER[table])}",
-                        params={"files": [str(f) for f in files]}).to_arrow_table()
-                except duckdb.IOException:
-                    continue
-                finally:
-                    cur.close()
-                out = self._write_segment(folder, t)
-                with self._lock:
-                    self._seen.add(out)
-                for f in files:
-                    f.unlink(missing_ok=True)
-                _fsync(folder)
-                merged += 1
+                names = _STEP_NAMES if table == "steps" else _EVENT_NAMES
+                query = (f"SELECT {', '.join(names)} FROM read_parquet($files, union_by_name "
+                         f"= true, hive_partitioning = false) QUALIFY row_number() OVER "
+                         f"(PARTITION BY {', '.join(keys)}) = 1 ORDER BY "
+                         f"{', '.join(_ORDER[table])}")
+            name = self._segment_name()
+            tmp = folder / f".{name}.inprogress"
+            cur = (con or self._con).cursor()
+            try:
+                cur.execute(f"COPY ({query}) TO '{str(tmp).replace(chr(39), chr(39) * 2)}' "
+                            "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)",
+                            {"files": [str(f) for f in files]})
+            except duckdb.IOException:
+                tmp.unlink(missing_ok=True)
+                continue  # a source vanished (another collector compacted it): next time
+            finally:
+                cur.close()
+            _publish(tmp, folder, name, self._segment_name)
+            # the merged segment is left unseen: the next rescan marks its steps dirty, so
+            # sources this reader had not summarised yet are covered too
+            with self._lock:
+                self._doomed.append((time.monotonic(), [str(f) for f in files]))
+            merged += 1
         return merged
 
+    def _remove_doomed(self, everything: bool = False) -> None:
+        """Remove compacted sources whose grace period is over."""
+        now = time.monotonic()
+        with self._lock:
+            due = [d for d in self._doomed if everything or now - d[0] >= self.grace_s]
+            self._doomed = [d for d in self._doomed if d not in due]
+        for _, paths in due:
+            for f in paths:
+                Path(f).unlink(missing_ok=True)
+            if paths:
+                _fsync(Path(paths[0]).parent)
+
     def close(self) -> None:
-        """Nothing to flush: every acknowledged segment is already in place."""
+        """Nothing to flush: every acknowledged segment is already in place (compacted
+        sources still in their grace period are removed now)."""
+        if not self.read_only:
+            self._remove_doomed(everything=True)
         self._con.close()
 
 
 def _with_run(t: pa.Table, run_id: str) -> pa.Table:
     return t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
+
+
+def _makedirs_durable(folder: Path) -> None:
+    """Create ``folder`` and its missing parents, fsyncing each parent whose entry was
+    created, so a segment acknowledged in a new partition survives a power loss."""
+    missing = []
+    p = folder
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue  # another collector made it: it fsyncs the parent
+        _fsync(d.parent)
+
+
+def _publish(tmp: Path, folder: Path, name: str, next_name: Any) -> str:
+    """Make the finished ``tmp`` visible as ``folder/name`` without ever replacing an
+    existing segment (a hard link fails when the name is taken: take the next one), then
+    fsync the folder. Returns the final path."""
+    _fsync(tmp)
+    while True:
+        final = folder / name
+        try:
+            os.link(tmp, final)
+            break
+        except FileExistsError:
+            name = next_name()
+    tmp.unlink()
+    _fsync(folder)
+    return str(final)
 
 
 def _fsync(path: Path) -> None:

@@ -571,7 +571,8 @@ def dashboard(db: str, host: str, port: int, log_level: str) -> None:
 
 def _import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
     """Open (or create) the store file, import the trace, close."""
-    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    if not db.startswith("parquet:"):  # a dataset folder is made by the store itself
+        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
     store = _open_store(db, read_only=False)
     try:
         return _import(store, trace, quiet=quiet)

@@ -46,6 +46,9 @@ EVENT_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
 MAX_RANK = 2**24 - 1
 """Largest rank accepted (16.7M ranks; keeps the collector's per-rank state bounded)."""
 MAX_ATTEMPT = 2**31 - 1
+MAX_EPOCH_S = 10_000_000_000
+"""Largest instant accepted (year 2286): milliseconds or nanoseconds since the epoch sent
+by mistake are refused instead of stored as dates thousands of years away."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,9 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("host", "str", "", "host name the rank ran on"),
     Column("step", "int", "", "training step number (repeats after a rollback)", required=True,
            nonnegative=True),
-    Column("start_time", "float", "s (epoch)", "when the step began, on the rank's host clock",
-           required=True),
+    Column("start_time", "float", "s (epoch)",
+           "when the step began, on the rank's host clock (seconds, below 1e10)",
+           required=True, maximum=MAX_EPOCH_S),
     Column("duration_s", "float", "s", "wall time of the step on this rank", required=True,
            nonnegative=True),
     Column("compute_s", "float", "s",
@@ -97,8 +101,9 @@ EVENT_COLUMNS: tuple[Column, ...] = (
     Column("seq", "int", "", "event number within the source, from 0, increasing",
            required=True, nonnegative=True),
     Column("kind", "str", "", "one of the event kinds (see below)", required=True),
-    Column("time", "float", "s (epoch)", "when it happened, on the emitter's clock",
-           required=True),
+    Column("time", "float", "s (epoch)",
+           "when it happened, on the emitter's clock (seconds, below 1e10)",
+           required=True, maximum=MAX_EPOCH_S),
     Column("attempt", "int", "", "attempt the event belongs to", required=True,
            nonnegative=True, maximum=MAX_ATTEMPT),
     Column("rank", "int", "", "rank concerned, null for job-level events", nonnegative=True,

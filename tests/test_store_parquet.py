@@ -161,7 +161,7 @@ def test_killed_collector_leaves_no_partial_segment_and_keeps_what_it_acked(
 
 def test_duplicates_and_compaction_count_once(tmp_path: Path) -> None:
     from collector.ingest import validate_batch
-    a = ParquetStore(tmp_path / "d", writer_id="a")
+    a = ParquetStore(tmp_path / "d", writer_id="a", grace_s=0.0)
     b = ParquetStore(tmp_path / "d", writer_id="b")
     try:
         for s in range(0, 100, 10):  # ten small segments per writer, and b repeats a's rows
@@ -175,6 +175,12 @@ def test_duplicates_and_compaction_count_once(tmp_path: Path) -> None:
         files_before = len(list((tmp_path / "d" / "steps").rglob("*.parquet")))
         assert files_before == 30
         assert a.compact(min_files=4) >= 1
+        # the sources stay for a grace period (readers that listed them still find them):
+        # merged and sources side by side still count once
+        reader.summarize_dirty()
+        assert reader.row_counts()["steps"] == 200
+        assert report_dict(reader, "dup")["buckets"] == pytest.approx(before["buckets"])
+        a.compact(min_files=4)  # the grace period (0 here) is over: the sources go
         assert len(list((tmp_path / "d" / "steps").rglob("*.parquet"))) < files_before
         reader.summarize_dirty()
         after = report_dict(reader, "dup")
