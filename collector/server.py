@@ -247,7 +247,9 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
     if config.dashboard:
         from dashboard.app import create_app as create_dashboard
         from dashboard.asgi import dashboard_asgi
-        routes.append(Mount("/", app=dashboard_asgi(create_dashboard(store), config.token)))
+        from dashboard.data import DashConfig
+        dash_app = create_dashboard(store, DashConfig(live_detection=config.detect))
+        routes.append(Mount("/", app=dashboard_asgi(dash_app, config.token)))
     return Starlette(routes=routes)
 
 

@@ -73,17 +73,19 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         head = html.H2(f"{dict(pages.PAGES)[page]}: {run_id}")
         store_id = dcc.Store(id=f"{page}-version")
         if page == "ranks":
-            rk = data.ranks(run_id)
-            return nav, html.Div([head, pages.ranks_controls(rk["attempts"], rk["attempt"]),
-                                  store_id, dcc.Loading(html.Div(id="ranks-body"))])
+            return nav, html.Div([head, pages.ranks_controls(), store_id,
+                                  _loading(pages.ranks_skeleton())])
+        if page == "overview":
+            return nav, html.Div([head, store_id, _loading(pages.overview_skeleton())])
         if page == "whatif":
-            cal = data.whatif_calibration(run_id)
+            # the form needs the calibration (its values seed the controls): it is built in
+            # a callback of its own, behind a spinner, so the page shows at once
             return nav, html.Div([head, html.P(
                 "The simulator is fitted to this run (below); change a policy and compare. "
                 "Differences between the two simulated bars are the policy's; the first bar "
                 "is what the run measured.", className="gl-note"),
-                pages.whatif_controls(cal), dcc.Loading(html.Div(id="whatif-body"))])
-        return nav, html.Div([head, store_id, dcc.Loading(html.Div(id=f"{page}-body"))])
+                _loading(html.Div(id="whatif-form")), _loading(html.Div(id="whatif-body"))])
+        return nav, html.Div([head, store_id, _loading(html.Div(id=f"{page}-body"))])
 
     @app.callback(Output("runs-body", "children"), Input("tick", "n_intervals"),
                   Input("url", "pathname"))
@@ -105,37 +107,84 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
                 return NO, NO
             return body(run_id), list(v)
 
-    refreshing("overview", lambda r: pages.overview_body(data.overview(r)))
     refreshing("checkpoints", lambda r: pages.checkpoints_body(data.checkpoints(r)))
 
-    @app.callback(Output("ranks-body", "children"), Output("ranks-version", "data"),
+    # the overview's graphs stay mounted and get new figures (a live redraw keeps zoom)
+    ov_outputs = [Output(i, "children") for i in pages.OVERVIEW_DIVS] + \
+        [Output(i, "figure") for i in pages.OVERVIEW_GRAPHS]
+
+    @app.callback(*ov_outputs, Output("overview-version", "data"),
+                  Input("tick", "n_intervals"), Input("url", "pathname"),
+                  State("overview-version", "data"))
+    def overview_page(_: Any, pathname: str | None, shown: Any) -> tuple:
+        n = len(ov_outputs)
+        kind, run_id = parse_path(pathname)
+        if kind != "overview" or run_id is None:
+            return (NO,) * (n + 1)
+        v = data.version(run_id)
+        if v is None:
+            return (pages.not_found(f"run {run_id!r} is gone"), *(NO,) * n)
+        if shown is not None and list(v) == list(shown) and dash.ctx.triggered_id == "tick":
+            return (NO,) * (n + 1)
+        parts = pages.overview_parts(data.overview(run_id))
+        return (*(parts[i] for i in (*pages.OVERVIEW_DIVS, *pages.OVERVIEW_GRAPHS)), list(v))
+
+    rk_outputs = [Output(i, "children") for i in pages.RANKS_DIVS] + \
+        [Output(i, "figure") for i in pages.RANKS_GRAPHS]
+
+    @app.callback(*rk_outputs, Output("ranks-version", "data"),
+                  Output("ranks-attempt", "options"),
                   Input("tick", "n_intervals"), Input("url", "pathname"),
                   Input("ranks-attempt", "value"), Input("ranks-pool", "value"),
                   Input("ranks-span", "value"), State("ranks-version", "data"))
     def ranks_page(_: Any, pathname: str | None, attempt: Any, pool: str, span: str,
-                   shown: Any) -> tuple[Any, Any]:
+                   shown: Any) -> tuple:
+        n = len(rk_outputs)
         kind, run_id = parse_path(pathname)
         if kind != "ranks" or run_id is None:
-            return NO, NO
-        v = data.version(run_id)
+            return (NO,) * (n + 2)
+        v = data.data_version(run_id)
         if v is None:
-            return pages.not_found(f"run {run_id!r} is gone"), None
+            return (f"run {run_id!r} is gone", *(NO,) * (n + 1))
         key = [*v, attempt, pool, span, data.findings_ready(run_id)]
         if shown is not None and key == list(shown) and dash.ctx.triggered_id == "tick":
-            return NO, NO
-        rk = data.ranks(run_id, None if attempt is None else int(attempt), span == "all")
-        return pages.ranks_body(rk, pool or "max"), key
+            return (NO,) * (n + 2)
+        pick = None if attempt in (None, "latest") else int(attempt)
+        rk = data.ranks(run_id, pick, span == "all")
+        parts = pages.ranks_parts(rk, pool or "max")
+        # "latest" follows a live run into its next attempt; the list grows with it
+        return (*(parts[i] for i in (*pages.RANKS_DIVS, *pages.RANKS_GRAPHS)), key,
+                pages.attempt_options(rk["attempts"]))
 
-    @app.callback(Output("whatif-body", "children"), Input("url", "pathname"),
-                  Input("whatif-interval", "value"), Input("whatif-mode", "value"),
-                  Input("whatif-elastic", "value"), Input("whatif-spares", "value"),
-                  Input("whatif-evict", "value"))
-    def whatif_page(pathname: str | None, interval_min: Any, mode: str, elastic: str,
-                    spares: Any, evict: list[str] | None) -> Any:
+    @app.callback(Output("whatif-form", "children"), Input("url", "pathname"))
+    def whatif_form(pathname: str | None) -> Any:
         kind, run_id = parse_path(pathname)
         if kind != "whatif" or run_id is None:
             return NO
-        cal = data.whatif_calibration(run_id)
+        try:
+            cal = data.whatif_calibration(run_id)
+        except ValueError as exc:  # e.g. a run with no wall-clock yet
+            return html.P(f"Nothing to simulate yet: {exc}.", className="gl-note",
+                          id="whatif-unavailable")
+        if cal is None:
+            return pages.not_found(f"run {run_id!r} is gone")
+        return pages.whatif_controls(cal)
+
+    # every Input is a form control (they exist once the form is drawn; the URL is a State,
+    # so the renderer never fires this with half its inputs missing)
+    @app.callback(Output("whatif-body", "children"),
+                  Input("whatif-interval", "value"), Input("whatif-mode", "value"),
+                  Input("whatif-elastic", "value"), Input("whatif-spares", "value"),
+                  Input("whatif-evict", "value"), State("url", "pathname"))
+    def whatif_page(interval_min: Any, mode: str, elastic: str, spares: Any,
+                    evict: list[str] | None, pathname: str | None) -> Any:
+        kind, run_id = parse_path(pathname)
+        if kind != "whatif" or run_id is None:
+            return NO
+        try:
+            cal = data.whatif_calibration(run_id)
+        except ValueError:
+            return NO  # the form says why
         if cal is None:
             return pages.not_found(f"run {run_id!r} is gone")
         try:
@@ -149,13 +198,18 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     return app
 
 
+def _loading(child: Any) -> Any:
+    """A spinner only for slow redraws (a quick timer refresh does not blink)."""
+    return dcc.Loading(child, delay_show=600)
+
+
 def whatif_changes(base: Any, interval_min: Any, mode: str | None, elastic: str | None,
                    spares: Any, evict: list[str] | None) -> dict[str, Any]:
     """The what-if form as SimConfig changes (only fields that differ from ``base``);
     ValueError with what to fix for a value the simulator would refuse."""
     changes: dict[str, Any] = {}
-    if interval_min is None or not float(interval_min) > 0:
-        raise ValueError("enter a checkpoint interval above 0 minutes")
+    if interval_min is None or not float(interval_min) >= 0.1:
+        raise ValueError("enter a checkpoint interval of at least 0.1 minutes")
     interval = round(float(interval_min) * 60, 3)
     if abs(interval - base.interval_s) > 0.01 * 60:
         changes["interval_s"] = interval
@@ -165,13 +219,15 @@ def whatif_changes(base: Any, interval_min: Any, mode: str | None, elastic: str 
         if elastic == "shrink" and base.nodes < 2:
             raise ValueError("a one-node job cannot shrink; pick another policy")
         changes["elastic"] = elastic
-    n = int(spares or 0)
-    if n < 0:
-        raise ValueError("spares cannot be negative")
+    if spares is not None and (float(spares) < 0 or float(spares) != int(float(spares))):
+        raise ValueError("hot spares must be a whole number, 0 or more")
+    n = int(float(spares or 0))
+    if n > base.nodes:
+        raise ValueError(f"at most {base.nodes} hot spares (as many as the job's nodes)")
+    if (elastic or base.elastic) == "spares" and n == 0:
+        n = 1  # picking the policy means at least one spare
     if n != base.spares:
         changes["spares"] = n
-    if (elastic or base.elastic) == "spares" and n == 0:
-        raise ValueError("the spares policy needs at least one hot spare node")
     ev = bool(evict and "evict" in evict)
     if ev != base.evict_stragglers:
         changes["evict_stragglers"] = ev

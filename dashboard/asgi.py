@@ -31,8 +31,10 @@ def dashboard_asgi(dash_app: Any, token: str | None = None) -> Any:
         query = parse_qs(scope.get("query_string", b"").decode())
         given = (query.get("token") or [None])[0]
         if given is not None and hmac.compare_digest(given.encode(), secret):
+            # the raw path keeps its percent-encoding (a run id with '/', ' ' or '%')
+            raw = scope.get("raw_path") or scope["path"].encode()
             await send({"type": "http.response.start", "status": 303, "headers": [
-                (b"location", scope["path"].encode() or b"/"),
+                (b"location", raw or b"/"),
                 (b"set-cookie", f"{COOKIE}={given}; Path=/; HttpOnly; SameSite=Strict"
                  .encode())]})
             return await send({"type": "http.response.body", "body": b""})

@@ -90,11 +90,23 @@ def metric_rows(result: dict[str, Any]) -> list[list[str]]:
         m = by.get(key)
         if m is None:
             continue
-        d = m["delta"]
-        delta = ("+" if d is not None and d > 0 else "") + fmt_metric(d, kind) \
-            if kind != "seconds" else (("+" if d > 0 else "-") + format_duration(abs(d)))
-        rows.append([name, fmt_metric(m["a"], kind), fmt_metric(m["b"], kind), delta])
+        rows.append([name, fmt_metric(m["a"], kind), fmt_metric(m["b"], kind),
+                     fmt_delta(m["delta"], kind)])
     return rows
+
+
+def fmt_delta(d: float | None, kind: str) -> str:
+    """B - A: signed, ``0`` when equal, shares in percentage points."""
+    if d is None:
+        return "n/a"
+    if abs(d) < 1e-12 or (kind == "share" and abs(100 * d) < 0.05):
+        return "0"
+    sign = "+" if d > 0 else "-"
+    if kind == "share":
+        return f"{sign}{100 * abs(d):.1f} pp"
+    if kind == "seconds":
+        return sign + format_duration(abs(d))
+    return sign + fmt_metric(abs(d), kind)
 
 
 def node_hours_figure(result: dict[str, Any]) -> go.Figure:
@@ -105,7 +117,7 @@ def node_hours_figure(result: dict[str, Any]) -> go.Figure:
         "cluster node-hours", "job node-hours by bucket"))
     sides = [("a", "A"), ("b", "B")]
     xs = [n for _, n in sides]
-    cluster = [("allocated", "allocated to jobs", "#2ca02c"),
+    cluster = [("allocated", "allocated to jobs", "#98df8a"),
                ("held_idle", "held idle (partial grants)", "#c7c7c7"),
                ("spare_idle", "spare pool idle", "#dbdb8d"), ("free_idle", "free", "#e8e8e8"),
                ("down", "down (failed)", "#525252")]
@@ -118,9 +130,11 @@ def node_hours_figure(result: dict[str, Any]) -> go.Figure:
         ys = [result[s]["cluster"]["node_seconds"].get(key, 0.0) / 3600 for s, _ in sides]
         fig.add_bar(x=xs, y=ys, name=label(b), marker_color=BUCKET_COLORS[b], row=1, col=2,
                     hovertemplate=f"{label(b)}: %{{y:,.0f}} node-h<extra></extra>")
-    fig.update_layout(barmode="stack", height=420, template="plotly_white",
-                      margin=_LAYOUT["margin"], legend={"orientation": "h", "y": -0.15},
-                      title=f"A: {result['a']['policy']}   B: {result['b']['policy']}")
+    fig.update_layout(barmode="stack", height=440, template="plotly_white",
+                      margin={**_LAYOUT["margin"], "t": 70}, uirevision="keep",
+                      legend={"orientation": "h", "y": -0.15},
+                      title={"text": f"A: {result['a']['policy']}   B: "
+                             f"{result['b']['policy']}", "y": 0.97})
     fig.update_yaxes(title_text="node-hours", row=1, col=1)
     return fig
 
@@ -192,9 +206,9 @@ def cluster_layout() -> html.Div:
         html.Div([
             html.Div([html.Label("cluster "), dcc.Dropdown(
                 id="cluster-preset", value="demo-256", clearable=False,
-                options=[{"label": f"{k}: {v.description}" if getattr(v, "description", "")
-                          else k, "value": k} for k, v in CLUSTER_PRESETS.items()],
-                style={"width": "34em"})]),
+                options=[{"label": f"{k}: {v.describe()}", "value": k}
+                         for k, v in CLUSTER_PRESETS.items()],
+                style={"width": "48em"})]),
             html.Div([html.Label("seed "), dcc.Input(id="cluster-seed", type="number",
                                                     value=0, step=1, debounce=True)]),
         ], className="gl-controls"),

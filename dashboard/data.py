@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +48,9 @@ class DashConfig:
     """Monte Carlo trials per what-if (the same seeds for the baseline and the change)."""
     series_points: int = 150
     """Points of the rolling goodput curve."""
+    live_detection: bool = False
+    """A live detector runs in this process (``goodlens serve``): its stored findings are
+    the answer, and no batch scan is made for runs it has not flagged."""
 
 
 class RunData:
@@ -59,18 +63,28 @@ class RunData:
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         # batch straggler scans run here, one at a time, off the callback threads
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="goodlens-scan")
-        self._scans: dict[tuple, Future] = {}
+        self._scans: dict[str, tuple[tuple | None, Future]] = {}
         self._lock = threading.Lock()
         self._max = max_entries
 
     # -- cache ---------------------------------------------------------------
     def version(self, run_id: str) -> tuple | None:
-        """What changes when a run receives data (None: no such run)."""
+        """What changes when a run receives data (None: no such run). A run in progress
+        also changes with the clock (its wall-clock runs to now even while it is silent):
+        one step per refresh period."""
         info = self.store.run(run_id)
         if info is None:
             return None
-        return (int(info.get("steps") or 0), _f(info.get("last_time")),
-                int(info.get("attempts") or 0), str(info.get("state")))
+        v = (int(info.get("steps") or 0), _f(info.get("last_time")),
+             int(info.get("attempts") or 0), str(info.get("state")))
+        if v[3] == "running":
+            v += (int(time.time() // self.config.refresh_s),)
+        return v
+
+    def data_version(self, run_id: str) -> tuple | None:
+        """:meth:`version` without the clock: changes only when data arrives."""
+        v = self.version(run_id)
+        return None if v is None else v[:4]
 
     def _cached(self, key: tuple, build: Callable[[], Any]) -> Any:
         with self._lock:
@@ -126,7 +140,7 @@ class RunData:
 
     def checkpoints(self, run_id: str) -> dict[str, Any] | None:
         """Each checkpoint's stall, write time and size; the measured plan."""
-        v = self.version(run_id)
+        v = self.version(run_id)  # the plan reads the wall-clock: it follows the clock too
         if v is None:
             return None
         return self._cached(("checkpoints", run_id, v), lambda: self._checkpoints(run_id))
@@ -141,8 +155,9 @@ class RunData:
 
     def ranks(self, run_id: str, attempt: int | None = None, whole: bool = False
               ) -> dict[str, Any] | None:
-        """The rank x step heatmap of one attempt (default: the latest), findings, roll-ups."""
-        v = self.version(run_id)
+        """The rank x step heatmap of one attempt (default: the latest with steps), findings,
+        roll-ups; re-read only when data arrives (not with the clock)."""
+        v = self.data_version(run_id)
         if v is None:
             return None
         ready = self.findings_ready(run_id)
@@ -180,19 +195,20 @@ class RunData:
         over the step records run on a background thread (``batch`` once done, ``pending``
         meanwhile, unless ``wait``), or ``too-large`` for a run over ``detect_max_rows``."""
         found = stored_findings(self.store, run_id)
-        if found:
+        if found or self.config.live_detection:
             return found, "live"
-        v = self.version(run_id)
+        v = self.data_version(run_id)
         info = self.store.run(run_id) or {}
         rows = int(info.get("steps") or 0) * int(info.get("world_size") or 1)
         if rows > self.config.detect_max_rows:
             return [], "too-large"
-        key = ("batch-findings", run_id, v)
         with self._lock:
-            fut = self._scans.get(key)
-            if fut is None:
-                fut = self._scans[key] = self._pool.submit(
-                    lambda: finding_dicts(detect_run(self.store, run_id)))
+            # one scan per run: a newer version waits for the running one to finish
+            # rather than queueing behind it (a watched live run would pile them up)
+            seen, fut = self._scans.get(run_id, (None, None))
+            if fut is None or (seen != v and fut.done()):
+                fut = self._pool.submit(lambda: finding_dicts(detect_run(self.store, run_id)))
+                self._scans[run_id] = (v, fut)
                 while len(self._scans) > self._max:
                     self._scans.pop(next(iter(self._scans)))
         if not wait and not fut.done():
@@ -240,7 +256,10 @@ def _timeline_events(ev: pd.DataFrame) -> pd.DataFrame:
     ckpt = ev[ev.kind == "ckpt_save_start"].drop_duplicates(["attempt", "step", "tier"])
     fail = ev[ev.kind == "failure_detected"].drop_duplicates(["attempt"])
     rest = ev[~ev.kind.isin(["ckpt_save_start", "failure_detected", "attempt_end"])]
-    ends = ev[(ev.kind == "attempt_end") & ev.cause.notna()].drop_duplicates(["attempt"])
+    # an attempt that ended with a cause other than completing (a crash it reported itself);
+    # a clean end is the attempt bar's end, not a marker that reads like a failure
+    ends = ev[(ev.kind == "attempt_end") & ev.cause.notna()
+              & ~ev.cause.isin(["completed", "ended"])].drop_duplicates(["attempt"])
     return pd.concat([ckpt, fail, rest, ends]).sort_values("time").reset_index(drop=True)
 
 

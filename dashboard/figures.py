@@ -32,7 +32,9 @@ EVENT_STYLE = {  # kind: (label, colour, marker symbol)
     "straggler_flagged": ("straggler flagged", "#ff7f0e", "star"),
 }
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
-           "font": {"size": 12}}
+           "font": {"size": 12},
+           # a live redraw replaces the figure: keep the user's zoom and hidden traces
+           "uirevision": "keep"}
 
 
 def label(bucket: str) -> str:
@@ -57,29 +59,39 @@ def empty_figure(message: str) -> go.Figure:
     return fig.update_layout(height=220)
 
 
+def _time_unit(seconds: float) -> tuple[str, float]:
+    """The unit a bar of this length reads best in: hours, minutes or seconds."""
+    if seconds >= 2 * 3600:
+        return "hours", 3600.0
+    if seconds >= 120:
+        return "minutes", 60.0
+    return "seconds", 1.0
+
+
 def breakdown_figure(report: dict[str, Any]) -> go.Figure:
     """Where the wall-clock went: one stacked bar per bucket row, restart split into its
-    parts, in hours, with each share of wall-clock on hover."""
+    parts, in hours (minutes or seconds for short runs), each share of wall-clock on hover."""
     wall = report.get("wall_clock_s") or 0.0
     if not wall > 0:
         return empty_figure("no wall-clock yet")
+    unit, per = _time_unit(wall)
     fig = go.Figure(layout=_LAYOUT)
     rows = [label(b) for b in BUCKETS]
     for b in BUCKETS:
         if b == "restart":
             continue
         v = report["buckets"].get(b)
-        fig.add_bar(y=[label(b)], x=[(v or 0) / 3600], orientation="h", name=label(b),
+        fig.add_bar(y=[label(b)], x=[(v or 0) / per], orientation="h", name=label(b),
                     marker_color=BUCKET_COLORS[b],
                     hovertemplate=f"{label(b)}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>")
     for p in RESTART_PARTS:
         v = report["restart_parts"].get(p, 0.0)
         if not v:
             continue
-        fig.add_bar(y=["restart"], x=[v / 3600], orientation="h", name=f"restart: {p}",
+        fig.add_bar(y=["restart"], x=[v / per], orientation="h", name=f"restart: {p}",
                     marker_color=RESTART_COLORS[p],
                     hovertemplate=f"restart, {p}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>")
-    fig.update_layout(barmode="stack", height=300, xaxis_title="hours",
+    fig.update_layout(barmode="stack", height=300, xaxis_title=unit,
                       yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
                       legend={"orientation": "h", "y": -0.25}, title="Where the wall-clock went")
     return fig
@@ -148,6 +160,7 @@ def heatmap_figure(grid: pd.DataFrame, value: str = "max") -> go.Figure:
         return empty_figure("no step records for this attempt")
     z = grid.pivot(index="rbin", columns="sbin", values=value)
     worst = grid.pivot(index="rbin", columns="sbin", values="worst_rank")
+    worst_s = grid.pivot(index="rbin", columns="sbin", values="max")  # the slowest's time
     med = z.median(axis=0)
     rel = 100 * (z / med - 1)
     rank_lo = grid.groupby("rbin").rank_lo.min().reindex(z.index)
@@ -156,7 +169,7 @@ def heatmap_figure(grid: pd.DataFrame, value: str = "max") -> go.Figure:
     ylab = [f"{int(a)}" if a == b else f"{int(a)}-{int(b)}" for a, b in zip(rank_lo, rank_hi)]
     # float32: the response is rank_bins x step_bins x 3 numbers (base64 typed arrays), sent
     # on every redraw; ranks up to 2^24 and percentages are exact enough in 32 bits
-    custom = np.dstack([worst.to_numpy(dtype=np.float32), z.to_numpy(dtype=np.float32)])
+    custom = np.dstack([worst.to_numpy(dtype=np.float32), worst_s.to_numpy(dtype=np.float32)])
     fig = go.Figure(go.Heatmap(
         z=rel.to_numpy(dtype=np.float32), x=step_lo.to_numpy(), y=ylab,
         customdata=custom,

@@ -89,8 +89,9 @@ def runs_body(runs: list[dict[str, Any]]) -> html.Div:
 
 
 # ---------------------------------------------------------------------------- overview
-def overview_body(d: dict[str, Any]) -> html.Div:
-    """Headline goodput, the breakdown, attempts, goodput over time and the timeline."""
+def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
+    """Headline goodput, the breakdown, attempts, goodput over time and the timeline, by
+    the id of the element each fills (figures for the graphs)."""
     rep = d["report"]
     wall = rep["wall_clock_s"]
     state = d["info"].get("state") if d.get("info") else ""
@@ -129,25 +130,52 @@ def overview_body(d: dict[str, Any]) -> html.Div:
     attempts = _table(["attempt", "start", "wall-clock", "goodput", "restart", "recompute",
                        "steps kept", "steps redone"], att_rows, id="attempt-table")
     end = rep["end"] if rep["end"] is not None else 0.0
+    return {"ov-cards": cards, "ov-buckets": buckets, "ov-attempts": attempts,
+            "breakdown-graph": fig.breakdown_figure(rep),
+            "series-graph": fig.goodput_series_figure(d["series"]),
+            "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end)}
+
+
+#: The overview's parts: the Divs a refresh fills, and the graphs whose figure it replaces
+#: (the graphs stay mounted, so a live redraw keeps the user's zoom).
+OVERVIEW_DIVS = ("ov-cards", "ov-buckets", "ov-attempts")
+OVERVIEW_GRAPHS = ("breakdown-graph", "series-graph", "timeline-graph")
+
+
+def overview_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
+    """The overview's layout, empty or filled with :func:`overview_parts`."""
+    p = parts or {}
+
+    def graph(gid: str) -> dcc.Graph:
+        return dcc.Graph(id=gid, **({"figure": p[gid]} if gid in p else {}))
     return html.Div([
-        cards,
-        html.Div([html.Div(buckets, className="gl-col"),
-                  html.Div(dcc.Graph(figure=fig.breakdown_figure(rep), id="breakdown-graph"),
-                           className="gl-col-wide")], className="gl-row"),
-        dcc.Graph(figure=fig.goodput_series_figure(d["series"]), id="series-graph"),
-        dcc.Graph(figure=fig.timeline_figure(d["attempts"], d["events"], end),
-                  id="timeline-graph"),
-        html.H3("Attempts"), attempts,
+        html.Div(p.get("ov-cards"), id="ov-cards"),
+        html.Div([html.Div(p.get("ov-buckets"), id="ov-buckets", className="gl-col"),
+                  html.Div(graph("breakdown-graph"), className="gl-col-wide")],
+                 className="gl-row"),
+        graph("series-graph"), graph("timeline-graph"),
+        html.H3("Attempts"), html.Div(p.get("ov-attempts"), id="ov-attempts"),
     ])
 
 
+def overview_body(d: dict[str, Any]) -> html.Div:
+    """The whole overview of one run (its skeleton filled)."""
+    return overview_skeleton(overview_parts(d))
+
+
 # ---------------------------------------------------------------------------- ranks
-def ranks_controls(attempts: list[int], attempt: int | None) -> html.Div:
-    """Attempt picker and pooling choice of the heatmap."""
+def attempt_options(attempts: list[int]) -> list[dict[str, Any]]:
+    """The attempt picker's choices: the latest (follows a live run), then each attempt."""
+    return [{"label": "latest", "value": "latest"},
+            *({"label": str(a), "value": a} for a in attempts)]
+
+
+def ranks_controls() -> html.Div:
+    """Attempt picker, pooling and span of the heatmap (options filled by the callback)."""
     return html.Div([
         html.Label("attempt "), dcc.Dropdown(
-            id="ranks-attempt", options=[{"label": str(a), "value": a} for a in attempts],
-            value=attempt, clearable=False, style={"width": "8em", "display": "inline-block"}),
+            id="ranks-attempt", options=attempt_options([]), value="latest", clearable=False,
+            style={"width": "8em", "display": "inline-block"}),
         html.Label(" cells show "), dcc.RadioItems(
             id="ranks-pool", options=[{"label": "the slowest rank", "value": "max"},
                                       {"label": "the mean", "value": "mean"}],
@@ -160,7 +188,8 @@ def ranks_controls(attempts: list[int], attempt: int | None) -> html.Div:
 
 
 _FINDINGS_SOURCE = {
-    "live": "flagged by the collector's live detector",
+    "live": "the collector's live detector watches this run; these are the subjects it "
+            "flagged",
     "batch": "found by a batch pass over this run's step records (no live detector saw it)",
     "too-large": "this run is too large for a batch pass here and no live detector flagged "
                  "anything; run `goodlens detect --db FILE --run ID`",
@@ -170,8 +199,9 @@ _FINDINGS_SOURCE = {
 }
 
 
-def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
-    """Heatmap, flagged stragglers with slowdown, cost and action, host and switch roll-up."""
+def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
+    """Heatmap, flagged stragglers with slowdown, cost and action, host and switch roll-up,
+    by the id of the element each fills."""
     f_rows = [[f"{f['subject_kind']} {f['subject_id']}", _na(f.get("attempt")),
                f["first_step"], f["detected_step"],
                html.Td(fig.pct(f["slowdown"]), title=f"{f['slowdown']:.4f}"),
@@ -179,7 +209,8 @@ def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
                html.Td(f["action"], className=f"gl-action-{f['action']}"),
                f"{f['confidence']:.2f}"]
               for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0))]
-    findings = (_table(["subject", "attempt", "from step", "detected at", "slowdown", "wait so far",
+    findings = (_table(["subject", "attempt", "from step", "detected at", "slowdown",
+                        "wait until flagged",
                         "wait per hour", "action", "confidence"], f_rows, id="findings-table")
                 if f_rows else html.P("" if d["findings_source"] == "pending"
                                       else "No persistent straggler.", id="findings-none"))
@@ -192,16 +223,36 @@ def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
                       [[r["switch"], r["hosts"], fig.pct(r["relative"]), r["worst_host"],
                         fig.pct(r["worst_relative"])] for r in sw], id="switch-table") \
         if sw else html.Div()
+    return {"rk-note": note, "heatmap-graph": fig.heatmap_figure(d["grid"], pool),
+            "rk-findings": html.Div([html.P(_FINDINGS_SOURCE[d["findings_source"]],
+                                            className="gl-note", id="findings-source"),
+                                     findings]),
+            "host-graph": fig.host_figure(d.get("hosts")), "rk-switches": switches}
+
+
+RANKS_DIVS = ("rk-note", "rk-findings", "rk-switches")
+RANKS_GRAPHS = ("heatmap-graph", "host-graph")
+
+
+def ranks_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
+    """The ranks page's layout, empty or filled with :func:`ranks_parts`."""
+    p = parts or {}
+
+    def graph(gid: str) -> dcc.Graph:
+        return dcc.Graph(id=gid, **({"figure": p[gid]} if gid in p else {}))
     return html.Div([
-        html.P(note, className="gl-note"),
-        dcc.Graph(figure=fig.heatmap_figure(d["grid"], pool), id="heatmap-graph"),
+        html.P(p.get("rk-note"), className="gl-note", id="rk-note"),
+        graph("heatmap-graph"),
         html.H3("Flagged stragglers"),
-        html.P(_FINDINGS_SOURCE[d["findings_source"]], className="gl-note",
-               id="findings-source"),
-        findings,
-        dcc.Graph(figure=fig.host_figure(d.get("hosts")), id="host-graph"),
-        switches,
+        html.Div(p.get("rk-findings"), id="rk-findings"),
+        graph("host-graph"),
+        html.Div(p.get("rk-switches"), id="rk-switches"),
     ])
+
+
+def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
+    """The whole ranks page of one run (its skeleton filled)."""
+    return ranks_skeleton(ranks_parts(d, pool))
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -276,15 +327,19 @@ def whatif_body(result: dict[str, Any], cal: Any) -> html.Div:
                f"{fig.pct(result['changed']['goodput'])} with the change "
                f"({sign}{d:.1f} points; {result['trials']} trials each, same seeds). "
                f"Measured: {fig.pct(result['actual']['goodput'])}.")
-    prov = [[k, _value(getattr(cal.config, k)), v] for k, v in cal.provenance.items()
-            if v.startswith("measured")]
+    # measured values first, then what had to be assumed; plain defaults are left out
+    prov = [[k, _value(getattr(cal.config, k)), v] for k, v in
+            sorted(cal.provenance.items(), key=lambda kv: not kv[1].startswith("measured"))
+            if v != "assumed: simulator default"]
     return html.Div([
         html.P(summary, id="whatif-summary", title=f"{d:.4f}", className="gl-callout"),
         dcc.Graph(figure=fig.whatif_figure(result), id="whatif-graph"),
         html.H3("Calibration (simulator fitted to this run)"),
         _table(["field", "value", "from"], prov, id="whatif-calibration"),
-        html.P("Fields not listed keep the simulator's defaults (see docs/simulator.md).",
-               className="gl-note"),
+        html.P("Fields not listed keep the simulator's defaults (docs/simulator.md). The "
+               "Checkpoints page's interval advice is the first-order formula (Young/Daly "
+               "family); this page simulates, with restarts, stragglers and noise, so the two "
+               "can differ for small gains.", className="gl-note"),
     ])
 
 

@@ -65,6 +65,7 @@ def calibrate(source: RunSource, run_id: str, now: float | None = None,
     kw["gpus_per_node"] = per_node
     kw["nodes"] = max(1, math.ceil(world / per_node))
     prov["nodes"] = f"{how}: {world} ranks, {per_node} per node"
+    prov["gpus_per_node"] = f"{how}: ranks per host"
     if len(sums):
         kw["step_s"] = float(np.nanmedian(sums.duration_median))
         prov["step_s"] = "measured: median step time"
@@ -89,6 +90,10 @@ def calibrate(source: RunSource, run_id: str, now: float | None = None,
         kw["detect_crash_s"] = kw["detect_hang_s"] = rp["detection"] / per_failure
         kw["queue_s"] = max(rp["queue"] / per_failure, 0.0)
         prov["detect_crash_s"] = prov["queue_s"] = "measured: mean per failure"
+        # a hot spare replaces the queue wait: never slower than the queue this run saw
+        kw["spare_swap_s"] = min(SimConfig.spare_swap_s, kw["queue_s"])
+        prov["spare_swap_s"] = ("assumed: the simulator's swap time, or the measured queue "
+                                "if shorter")
     kw["init_s"] = rp["init"] / attempts
     kw["warmup_s"] = rp["warmup"] / attempts
     prov["init_s"] = prov["warmup_s"] = "measured: mean per attempt"
@@ -104,7 +109,7 @@ def calibrate(source: RunSource, run_id: str, now: float | None = None,
         prov["interval_s"] = "measured: median time between saves"
     else:
         kw["interval_s"] = b.wall_clock_s * 10
-        prov["interval_s"] = "measured: no checkpoint in the run"
+        prov["interval_s"] = "assumed: no checkpoint in the run (an interval past its end)"
     if len(ck):
         stall = float(np.nanmedian(ck.stall_s)) if ck.stall_s.notna().any() else 0.0
         write = float(np.nanmedian(ck.write_s)) if ck.write_s.notna().any() else stall

@@ -245,10 +245,15 @@ def test_whatif_form_validation() -> None:
         "interval_s": 300.0, "ckpt_mode": "async", "evict_stragglers": True}
     assert whatif_changes(base, 10, "sync", "spares", 2, []) == {"elastic": "spares",
                                                                  "spares": 2}
-    for bad, msg in [((0, "sync", "restart", 0, []), "above 0"),
-                     ((None, "sync", "restart", 0, []), "above 0"),
-                     ((10, "sync", "spares", 0, []), "at least one hot spare"),
-                     ((10, "sync", "restart", -1, []), "negative")]:
+    # picking the spares policy means at least one spare
+    assert whatif_changes(base, 10, "sync", "spares", 0, []) == {"elastic": "spares",
+                                                                 "spares": 1}
+    for bad, msg in [((0, "sync", "restart", 0, []), "at least 0.1 minutes"),
+                     ((0.05, "sync", "restart", 0, []), "at least 0.1 minutes"),
+                     ((None, "sync", "restart", 0, []), "at least 0.1 minutes"),
+                     ((10, "sync", "restart", -1, []), "whole number"),
+                     ((10, "sync", "restart", 1.5, []), "whole number"),
+                     ((10, "sync", "spares", 5, []), "at most 4 hot spares")]:
         with pytest.raises(ValueError, match=msg):
             whatif_changes(base, *bad)
     with pytest.raises(ValueError, match="cannot shrink"):

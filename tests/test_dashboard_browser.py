@@ -112,7 +112,7 @@ def test_whatif_control_updates_the_result(loaded: Collector, dash_br) -> None:
     box = dash_br.find_element("#whatif-interval")
     dash_br.clear_input(box)
     box.send_keys("0\n")
-    dash_br.wait_for_contains_text("#whatif-error", "above 0 minutes", timeout=30)
+    dash_br.wait_for_contains_text("#whatif-error", "at least 0.1 minutes", timeout=30)
     _no_console_errors(dash_br)
 
 
