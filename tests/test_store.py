@@ -205,7 +205,9 @@ def test_long_dirty_ranges_are_summarised_in_chunks(store, monkeypatch):
 
 
 def test_a_stray_step_number_does_not_make_summaries_walk_the_gap(store):
-    store.write_group([batch("r", 0, [0, 1, 2]), batch("r", 1, [0, 10**15])])
+    stray = step_batch("r", 1, [0, 10**15])
+    stray["steps"]["start_time"] = [1000.0, 1001.0]  # a stray step number, a sane time
+    store.write_group([batch("r", 0, [0, 1, 2]), validate_batch(stray)])
     assert store.summarize_dirty() == 4  # steps 0, 1, 2 and 10^15: not the 10^15 between
     assert sorted(store.step_summaries("r").step) == [0, 1, 2, 10**15]
 
