@@ -95,12 +95,14 @@ def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | No
                  batch_rows: int = 50_000, tick_s: float = 0.1,
                  progress: Callable[[int], None] | None = None,
                  sleep: Callable[[float], None] | None = None,
-                 give_up_s: float = 60.0) -> dict[str, int]:
+                 give_up_s: float = 60.0, as_now: bool = False) -> dict[str, int]:
     """Push a trace through a collector's ingest as if it were happening, ``speed`` times
     faster than real time (0: as fast as the collector takes it).
 
     A step row is sent once its step has ended in trace time, an event once it happened, so
-    a collector (and a dashboard) sees the run unfold. Timestamps are kept as recorded.
+    a collector (and a dashboard) sees the run unfold. Timestamps are kept as recorded, or
+    with ``as_now`` shifted so the trace starts now (every instant moved by the same amount:
+    accounting is unchanged, and a run still going reads as live rather than as months old).
     Batches travel as Arrow IPC; the collector's answer for each is checked, and a refused
     batch stops the replay with its reason, and so does a collector unreachable for
     ``give_up_s``.
@@ -130,6 +132,7 @@ def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | No
     starts = [a[np.isfinite(a)].min() for a, _ in items if np.isfinite(a).any()]
     t0 = min(starts) if starts else 0.0
     order = [(np.argsort(a, kind="stable"), a, b) for a, b in items]
+    shift = (time.time() - t0) if as_now else 0.0
     cursor = [0] * len(order)
     sent = {"steps": 0, "events": 0, "batches": 0}
     wall0 = time.monotonic()
@@ -149,10 +152,15 @@ def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | No
                 rows = 0
                 if batch.steps is not None:
                     doc["steps"] = batch.steps.take(take).to_pydict()
+                    if shift:
+                        doc["steps"]["start_time"] = [t + shift for t in
+                                                      doc["steps"]["start_time"]]
                     rows = sent_rows = len(take)
                     sent["steps"] += sent_rows
                 if batch.events is not None:
                     ev = batch.events.take(take).to_pydict()
+                    if shift:
+                        ev["time"] = [t + shift for t in ev["time"]]
                     doc["events"] = {k: v for k, v in ev.items() if any(x is not None for x in v)}
                     rows = len(take)
                     sent["events"] += rows

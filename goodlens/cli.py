@@ -608,10 +608,13 @@ def import_cmd(trace: str, db: str, as_json: bool) -> None:
 @click.option("--speed", type=float, default=1.0, show_default=True,
               help="With --live: times faster than real time (60: a minute per second; "
                    "0: as fast as the collector takes it).")
+@click.option("--as-now", is_flag=True,
+              help="With --live: shift every timestamp so the trace starts now (a run still "
+                   "going then reads as live, not as one that started long ago).")
 @click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --live.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def replay(trace: str, db: str | None, url: str | None, speed: float, token: str | None,
-           as_json: bool) -> None:
+def replay(trace: str, db: str | None, url: str | None, speed: float, as_now: bool,
+           token: str | None, as_json: bool) -> None:
     """Replay a trace folder: offline into a store (--db), or live through a collector's
     ingest at --speed times real time (--live), as if the run were happening.
 
@@ -619,6 +622,8 @@ def replay(trace: str, db: str | None, url: str | None, speed: float, token: str
     """
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH (offline) or --live URL")
+    if as_now and not url:
+        raise click.UsageError("--as-now shifts a live replay; use it with --live URL")
     if db:
         totals = _import_into(db, trace, quiet=as_json)
     else:
@@ -634,7 +639,8 @@ def replay(trace: str, db: str | None, url: str | None, speed: float, token: str
         with click.progressbar(length=total, label=f"replaying {trace} x{speed:g}",
                                file=sys.stderr, hidden=as_json or not sys.stderr.isatty()) as bar:
             try:
-                totals = stream_trace(trace, url, speed=speed, token=token, progress=bar.update)
+                totals = stream_trace(trace, url, speed=speed, token=token, progress=bar.update,
+                                      as_now=as_now)
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from None
     if as_json:

@@ -112,3 +112,32 @@ def test_a_bad_trace_is_refused_naming_what_is_wrong(tmp_path):
             import_trace(s, bad)
     finally:
         s.close()
+
+
+def test_live_replay_as_now_moves_every_instant_by_one_amount(collector, tmp_path):
+    """--as-now: the trace starts now, and the accounting is exactly the recorded one."""
+    import time as _time
+    before = _time.time()
+    sent = json.loads(cli("replay", SAMPLE, "--live", collector.url, "--speed", "0",
+                          "--as-now", "--json"))
+    assert sent["steps"] == 5104
+    collector.stop()
+    offline = Store(tmp_path / "offline.duckdb")
+    try:
+        from collector.replay import import_trace
+        import_trace(offline, SAMPLE)
+        want = account_run(offline, "demo-8x").breakdown()
+    finally:
+        offline.close()
+    live = Store(collector.db, read_only=True)
+    try:
+        got = account_run(live, "demo-8x").breakdown()
+    finally:
+        live.close()
+    assert before - 1 <= got.start <= _time.time()  # re-timed to start now
+    assert got.start - want.start > 1e7  # the sample is from another year
+    assert got.wall_clock_s == pytest.approx(want.wall_clock_s, abs=1e-3)
+    assert got.buckets == pytest.approx(want.buckets, abs=1e-3)
+    offline_shift = CliRunner().invoke(main, ["replay", SAMPLE, "--db",
+                                              str(tmp_path / "x.duckdb"), "--as-now"])
+    assert offline_shift.exit_code == 2 and "use it with --live" in offline_shift.output
