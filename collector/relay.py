@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import hmac
 import http.client
-import ipaddress
 import logging
 import os
 import signal
@@ -54,7 +53,7 @@ import pyarrow as pa
 from collector.ingest import Batch, BatchError, decode_batch
 from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
 from collector.ingest_arrow import META_KEY, decode_arrow_batch
-from collector.transport import Transport
+from collector.transport import Transport, is_loopback
 from goodlens.model import SCHEMA_VERSION, STEP_COLUMNS
 
 log = logging.getLogger("goodlens.relay")
@@ -73,16 +72,6 @@ _STEP_REQUIRED = {c.name for c in STEP_COLUMNS if c.required}
 _RETRY_PASS = {429, 503}  # upstream overload: passed on with its Retry-After
 _AUTH = {401, 403}        # upstream refused the token: every push of the batch learns why
 _MAX_SOURCES = 100_000
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _endpoint(url: str) -> tuple[str, str, int, str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import logging
 import math
 import time
@@ -46,6 +45,7 @@ from collector.ingest_arrow import decode_arrow_batch
 from collector.metrics import make_registry
 from collector.store import Store
 from collector.store_parquet import open_store
+from collector.transport import is_loopback
 from collector.writer import Overloaded, Writer
 from goodlens.accounting import report_dict
 from goodlens.model import SCHEMA_VERSION
@@ -94,16 +94,6 @@ class ServerConfig:
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} exposes ingest beyond this machine; "
                              "pass --token (or GOODLENS_TOKEN) so only your exporters can push")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:

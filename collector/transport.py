@@ -17,6 +17,7 @@ Nothing here raises into the caller.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import logging
 import os
 import random
@@ -43,6 +44,16 @@ class DeliveryStats:
     spilled_batches: int = 0
     dropped_batches: int = 0
     last_error: str | None = None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def whole_records(data: bytes) -> int:

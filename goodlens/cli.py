@@ -549,7 +549,7 @@ def dashboard(db: str, host: str, port: int, log_level: str) -> None:
     """Serve the dashboard alone over a store file: runs, where the wall-clock went, slow
     ranks, checkpoint costs and what-if, with the run id in each page's URL.
     """
-    from collector.server import is_loopback
+    from collector.transport import is_loopback
     from dashboard.asgi import serve_dashboard
 
     if not is_loopback(host):
