@@ -44,6 +44,15 @@ _STEP_NAMES = [c.name for c in STEP_COLUMNS]
 _EVENT_NAMES = [c.name for c in EVENT_COLUMNS]
 _RUN_NAMES = [c.name for c in RUN_COLUMNS]
 _TERMINAL = "('attempt_end', 'failure_detected', 'preempted')"
+#: The rows of a registered batch ``_batch`` that are not stored yet (each key once): the
+#: exact check when a batch does not lie above its high-water marks. Parameters: run id,
+#: then (steps) the batch's lowest and highest step.
+_NEW_STEPS = (f"{', '.join(_STEP_NAMES)} FROM (SELECT DISTINCT ON (attempt, rank, step) * "
+              "FROM _batch) b ANTI JOIN (SELECT attempt, rank, step FROM steps WHERE "
+              "run_id = ? AND step BETWEEN ? AND ?) s USING (attempt, rank, step)")
+_NEW_EVENTS = (f"{', '.join(_EVENT_NAMES)} FROM (SELECT DISTINCT ON (source, seq) * FROM "
+               "_batch) b ANTI JOIN (SELECT source, seq FROM events WHERE run_id = ?) e "
+               "USING (source, seq)")
 #: Raw rows summarised per statement (bounds the memory the medians need).
 SUMMARY_CHUNK_ROWS = 4_000_000
 
@@ -285,14 +294,26 @@ class Store:
         if marks is None:
             marks = self._marks.get(key)
             if marks is None:
-                rows = self._con.execute(
-                    "SELECT rank, max(step) FROM steps WHERE run_id = ? AND attempt = ? "
-                    "GROUP BY rank", [run_id, attempt]).fetchall()
-                marks = np.full(max([r for r, _ in rows], default=-1) + 1, -1, dtype=np.int64)
-                for r, m in rows:
-                    marks[r] = m
+                marks = self._stored_step_marks(run_id, attempt)
             g.step_marks[key] = marks = marks.copy()
         return marks
+
+    # the high-water marks as the stored rows give them, and the exact check of a batch
+    # that is not all above them (shared with the Parquet store, which stores elsewhere)
+    def _stored_step_marks(self, run_id: str, attempt: int) -> np.ndarray:
+        """Largest stored step per rank of (run, attempt), -1 where none."""
+        rows = self._con.execute("SELECT rank, max(step) FROM steps WHERE run_id = ? AND "
+                                 "attempt = ? GROUP BY rank", [run_id, attempt]).fetchall()
+        marks = np.full(max([r for r, _ in rows], default=-1) + 1, -1, dtype=np.int64)
+        for r, m in rows:
+            marks[r] = m
+        return marks
+
+    def _stored_event_mark(self, run_id: str, source: str) -> int:
+        """Largest stored event seq of a source, -1 when none."""
+        row = self._con.execute("SELECT max(seq) FROM events WHERE run_id = ? AND source = ?",
+                                [run_id, source]).fetchall()[0]
+        return -1 if row[0] is None else int(row[0])
 
     def _insert_steps(self, run_id: str, t: pa.Table, g: _Group) -> int:
         att = t.column("attempt").to_numpy()
@@ -312,18 +333,15 @@ class Store:
             inserted = t.num_rows
         else:
             g.flush()  # rows gathered earlier in this group must be visible to the check
-            cols = ", ".join(_STEP_NAMES)
             con = self._con
-            con.register("_steps", t)
+            con.register("_batch", t)
             try:
                 inserted = con.execute(
-                    f"INSERT INTO steps (run_id, {cols}) SELECT ?, {cols} FROM "
-                    f"(SELECT DISTINCT ON (attempt, rank, step) * FROM _steps) b "
-                    f"ANTI JOIN (SELECT attempt, rank, step FROM steps WHERE run_id = ? "
-                    f"AND step BETWEEN ? AND ?) s USING (attempt, rank, step)",
-                    [run_id, run_id, int(step.min()), int(step.max())]).fetchall()[0][0]
+                    f"INSERT INTO steps (run_id, {', '.join(_STEP_NAMES)}) SELECT ?, "
+                    f"{_NEW_STEPS}", [run_id, run_id, int(step.min()), int(step.max())]
+                ).fetchall()[0][0]
             finally:
-                con.unregister("_steps")
+                con.unregister("_batch")
         for marks, r, s, a, lo, hi in updates:
             marks[r] = np.maximum(marks[r], s)  # r is unique here
             if inserted:
@@ -341,11 +359,7 @@ class Store:
             key = (run_id, src)
             if key not in last:
                 mark = g.event_marks.get(key, self._event_marks.get(key))
-                if mark is None:
-                    row = con.execute("SELECT max(seq) FROM events WHERE run_id = ? AND "
-                                      "source = ?", [run_id, src]).fetchall()[0]
-                    mark = -1 if row[0] is None else int(row[0])
-                last[key] = mark
+                last[key] = self._stored_event_mark(run_id, src) if mark is None else mark
             if q <= last[key]:
                 fast = False
             last[key] = max(last[key], q)
@@ -354,16 +368,13 @@ class Store:
             inserted = t.num_rows
         else:
             g.flush()
-            cols = ", ".join(_EVENT_NAMES)
-            con.register("_events", t)
+            con.register("_batch", t)
             try:
                 inserted = con.execute(
-                    f"INSERT INTO events (run_id, {cols}) SELECT ?, {cols} FROM "
-                    f"(SELECT DISTINCT ON (source, seq) * FROM _events) b "
-                    f"ANTI JOIN (SELECT source, seq FROM events WHERE run_id = ?) e "
-                    f"USING (source, seq)", [run_id, run_id]).fetchall()[0][0]
+                    f"INSERT INTO events (run_id, {', '.join(_EVENT_NAMES)}) SELECT ?, "
+                    f"{_NEW_EVENTS}", [run_id, run_id]).fetchall()[0][0]
             finally:
-                con.unregister("_events")
+                con.unregister("_batch")
         g.event_marks.update(last)
         return int(inserted)
 

@@ -58,6 +58,8 @@ from collector.store import (
     _DATA_TABLES,
     _DERIVED,
     _EVENT_NAMES,
+    _NEW_EVENTS,
+    _NEW_STEPS,
     _RUN_NAMES,
     _STEP_NAMES,
     SchemaMismatch,
@@ -260,14 +262,7 @@ class ParquetStore(Store):
             m = marks.get(key)
             if m is None:
                 m = self._marks.get(key)
-                if m is None:
-                    rows = self._con.execute(
-                        "SELECT rank, max(step) FROM steps WHERE run_id = ? AND attempt = ? "
-                        "GROUP BY rank", [run_id, int(a)]).fetchall()
-                    m = np.full(max([r for r, _ in rows], default=-1) + 1, -1, np.int64)
-                    for r, s in rows:
-                        m[r] = s
-                m = m.copy()
+                m = (self._stored_step_marks(run_id, int(a)) if m is None else m).copy()
             m, above, top_r, top_s = check_marks(m, rank[sel], step[sel])
             fast = fast and above
             m[top_r] = np.maximum(m[top_r], top_s)
@@ -278,11 +273,8 @@ class ParquetStore(Store):
         self._define_views()
         self._con.register("_batch", t)
         try:
-            return self._con.sql(
-                f"SELECT {', '.join(_STEP_NAMES)} FROM (SELECT DISTINCT ON (attempt, rank, step)"
-                f" * FROM _batch) b ANTI JOIN (SELECT attempt, rank, step FROM steps WHERE "
-                f"run_id = ? AND step BETWEEN ? AND ?) s USING (attempt, rank, step)",
-                params=[run_id, int(step.min()), int(step.max())]).to_arrow_table()
+            return self._con.sql(f"SELECT {_NEW_STEPS}", params=[
+                run_id, int(step.min()), int(step.max())]).to_arrow_table()
         finally:
             self._con.unregister("_batch")
 
@@ -292,11 +284,7 @@ class ParquetStore(Store):
             key = (run_id, src)
             if key not in marks:
                 mark = self._event_marks.get(key)
-                if mark is None:
-                    row = self._con.execute("SELECT max(seq) FROM events WHERE run_id = ? AND "
-                                            "source = ?", [run_id, src]).fetchall()[0]
-                    mark = -1 if row[0] is None else int(row[0])
-                marks[key] = mark
+                marks[key] = self._stored_event_mark(run_id, src) if mark is None else mark
             if q <= marks[key]:
                 fast = False
             marks[key] = max(marks[key], q)
@@ -306,10 +294,7 @@ class ParquetStore(Store):
         self._define_views()
         self._con.register("_batch", t)
         try:
-            return self._con.sql(
-                f"SELECT {', '.join(_EVENT_NAMES)} FROM (SELECT DISTINCT ON (source, seq) * "
-                f"FROM _batch) b ANTI JOIN (SELECT source, seq FROM events WHERE run_id = ?) e "
-                f"USING (source, seq)", params=[run_id]).to_arrow_table()
+            return self._con.sql(f"SELECT {_NEW_EVENTS}", params=[run_id]).to_arrow_table()
         finally:
             self._con.unregister("_batch")
 
