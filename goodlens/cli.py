@@ -87,6 +87,18 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def _read_run(db: str, run_id: str, read: Any) -> Any:
+    """``read(store, run_id)`` over a store opened read-only, after checking the run is
+    there (a clear error naming the store when not); the store is closed afterwards."""
+    store = _open_store(db)
+    try:
+        if store.run(run_id) is None:
+            raise click.ClickException(f"no run {run_id!r} in {db}; see `goodlens runs`")
+        return read(store, run_id)
+    finally:
+        store.close()
+
+
 class StoreSpec(click.ParamType):
     """``--db``: a DuckDB file, or ``parquet:DIR`` for a Parquet dataset."""
 
@@ -512,13 +524,7 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
     rest, from which step, by how much, what they cost, and whether to evict them.
     """
     from goodlens.findings import detect_run, finding_dicts
-    store = _open_store(db)
-    try:
-        if store.run(run_id) is None:
-            raise click.ClickException(f"no run {run_id!r} in {db}; see `goodlens runs`")
-        found = detect_run(store, run_id)
-    finally:
-        store.close()
+    found = _read_run(db, run_id, detect_run)
     rows = [{k: _clean(v) for k, v in f.items()} for f in finding_dicts(found)]
     if as_json:
         _echo_json({"run": run_id, "findings": rows})

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from goodlens.cli import Duration, StoreSpec, _clean, _echo_json, _open_store, main, table
+from goodlens.cli import Duration, StoreSpec, _clean, _echo_json, _read_run, main, table
 from goodlens.units import format_duration
 
 
@@ -66,13 +66,7 @@ def plan(ctx: click.Context, db: str | None, run_id: str | None, as_json: bool) 
             raise click.UsageError("measured mode needs both --db PATH and --run ID")
         return
     from goodlens.measured import measure_run
-    store = _open_store(db)
-    try:
-        if store.run(run_id) is None:
-            raise click.ClickException(f"no run {run_id!r} in {db}; see `goodlens runs`")
-        m = measure_run(store, run_id)
-    finally:
-        store.close()
+    m = _read_run(db, run_id, measure_run)
     d = m.as_dict()
     d["summary"] = m.sentence()
     def fmt(v: float | None) -> str:
