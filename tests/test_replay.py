@@ -23,6 +23,26 @@ def cli(*args: str):
     return r.output
 
 
+def _offline_breakdown(tmp_path):
+    """The sample's breakdown imported offline (what a live replay must reproduce)."""
+    from collector.replay import import_trace
+    offline = Store(tmp_path / "offline.duckdb")
+    try:
+        import_trace(offline, SAMPLE)
+        return account_run(offline, "demo-8x").breakdown()
+    finally:
+        offline.close()
+
+
+def _stored_breakdown(db):
+    """(breakdown, step rows) of the sample run in a stopped collector's store."""
+    live = Store(db, read_only=True)
+    try:
+        return account_run(live, "demo-8x").breakdown(), len(live.steps("demo-8x"))
+    finally:
+        live.close()
+
+
 def test_offline_replay_is_an_import(tmp_path):
     db = str(tmp_path / "o.duckdb")
     first = json.loads(cli("replay", SAMPLE, "--db", db, "--json"))
@@ -36,19 +56,8 @@ def test_live_replay_gives_the_collector_the_same_run(collector, tmp_path):
     sent = json.loads(cli("replay", SAMPLE, "--live", collector.url, "--speed", "0", "--json"))
     assert sent["steps"] == 5104 and sent["events"] == 25
     collector.stop()
-    offline = Store(tmp_path / "offline.duckdb")
-    try:
-        from collector.replay import import_trace
-        import_trace(offline, SAMPLE)
-        want = account_run(offline, "demo-8x").breakdown()
-    finally:
-        offline.close()
-    live = Store(collector.db, read_only=True)
-    try:
-        got = account_run(live, "demo-8x").breakdown()
-        assert len(live.steps("demo-8x")) == 5104
-    finally:
-        live.close()
+    want, (got, stored) = _offline_breakdown(tmp_path), _stored_breakdown(collector.db)
+    assert stored == 5104
     assert got.buckets == pytest.approx(want.buckets)
     assert got.restart_parts == pytest.approx(want.restart_parts)
 
@@ -122,18 +131,7 @@ def test_live_replay_as_now_moves_every_instant_by_one_amount(collector, tmp_pat
                           "--as-now", "--json"))
     assert sent["steps"] == 5104
     collector.stop()
-    offline = Store(tmp_path / "offline.duckdb")
-    try:
-        from collector.replay import import_trace
-        import_trace(offline, SAMPLE)
-        want = account_run(offline, "demo-8x").breakdown()
-    finally:
-        offline.close()
-    live = Store(collector.db, read_only=True)
-    try:
-        got = account_run(live, "demo-8x").breakdown()
-    finally:
-        live.close()
+    want, (got, _) = _offline_breakdown(tmp_path), _stored_breakdown(collector.db)
     assert before - 1 <= got.start <= _time.time()  # re-timed to start now
     assert got.start - want.start > 1e7  # the sample is from another year
     assert got.wall_clock_s == pytest.approx(want.wall_clock_s, abs=1e-3)
