@@ -92,42 +92,34 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     def runs_page(_: Any, pathname: str | None) -> Any:
         return pages.runs_body(data.runs())
 
-    def refreshing(page: str, body: Any) -> None:
-        @app.callback(Output(f"{page}-body", "children"), Output(f"{page}-version", "data"),
+    def refreshing(page: str, outputs: list[Output], build: Any) -> None:
+        """A page that redraws on the timer only when its run's version moved: ``build``
+        gives the values of ``outputs`` for a run id (the first output says when the run
+        is gone)."""
+        @app.callback(*outputs, Output(f"{page}-version", "data"),
                       Input("tick", "n_intervals"), Input("url", "pathname"),
                       State(f"{page}-version", "data"))
-        def refresh(_: Any, pathname: str | None, shown: Any) -> tuple[Any, Any]:
+        def refresh(_: Any, pathname: str | None, shown: Any) -> tuple:
+            n = len(outputs)
             kind, run_id = parse_path(pathname)
             if kind != page or run_id is None:
-                return NO, NO
+                return (NO,) * (n + 1)
             v = data.version(run_id)
             if v is None:
-                return pages.not_found(f"run {run_id!r} is gone"), None
+                return (pages.not_found(f"run {run_id!r} is gone"), *(NO,) * n)
             if shown is not None and list(v) == list(shown) and dash.ctx.triggered_id == "tick":
-                return NO, NO
-            return body(run_id), list(v)
+                return (NO,) * (n + 1)
+            return (*build(run_id), list(v))
 
-    refreshing("checkpoints", lambda r: pages.checkpoints_body(data.checkpoints(r)))
+    refreshing("checkpoints", [Output("checkpoints-body", "children")],
+               lambda r: (pages.checkpoints_body(data.checkpoints(r)),))
 
     # the overview's graphs stay mounted and get new figures (a live redraw keeps zoom)
-    ov_outputs = [Output(i, "children") for i in pages.OVERVIEW_DIVS] + \
-        [Output(i, "figure") for i in pages.OVERVIEW_GRAPHS]
-
-    @app.callback(*ov_outputs, Output("overview-version", "data"),
-                  Input("tick", "n_intervals"), Input("url", "pathname"),
-                  State("overview-version", "data"))
-    def overview_page(_: Any, pathname: str | None, shown: Any) -> tuple:
-        n = len(ov_outputs)
-        kind, run_id = parse_path(pathname)
-        if kind != "overview" or run_id is None:
-            return (NO,) * (n + 1)
-        v = data.version(run_id)
-        if v is None:
-            return (pages.not_found(f"run {run_id!r} is gone"), *(NO,) * n)
-        if shown is not None and list(v) == list(shown) and dash.ctx.triggered_id == "tick":
-            return (NO,) * (n + 1)
+    def overview(run_id: str) -> tuple:
         parts = pages.overview_parts(data.overview(run_id))
-        return (*(parts[i] for i in (*pages.OVERVIEW_DIVS, *pages.OVERVIEW_GRAPHS)), list(v))
+        return tuple(parts[i] for i in (*pages.OVERVIEW_DIVS, *pages.OVERVIEW_GRAPHS))
+    refreshing("overview", [Output(i, "children") for i in pages.OVERVIEW_DIVS]
+               + [Output(i, "figure") for i in pages.OVERVIEW_GRAPHS], overview)
 
     rk_outputs = [Output(i, "children") for i in pages.RANKS_DIVS] + \
         [Output(i, "figure") for i in pages.RANKS_GRAPHS]
