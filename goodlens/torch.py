@@ -40,6 +40,7 @@ import time.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import logging
 import os
@@ -308,6 +309,21 @@ def _async_group() -> Any:
     with _ASYNC_LOCK:
         _ASYNC_GROUP[:] = [(world, group)]
     return group
+
+
+@atexit.register
+def _forget_async_state() -> None:
+    """Drop this module's references to the async-save group and futures at exit.
+
+    ``atexit`` handlers run while the interpreter is whole. A process group or a failed
+    save's exception (its traceback holds the save's frames, tensors and group) still
+    referenced by module globals would otherwise be destroyed during interpreter
+    finalization, where gloo objects that reach back into Python can abort the process
+    ("terminate called without an active exception"; see pytorch/pytorch#179291).
+    """
+    with _ASYNC_LOCK:
+        _ASYNC_GROUP.clear()
+        _PENDING.clear()
 
 
 def _checkpoint_files(path: str, rank: int) -> list[str]:

@@ -66,6 +66,9 @@ def _dir_bytes(path: Path) -> int:
 
 
 def worker(out: Path, ckpt: Path, port: int) -> None:  # pragma: no cover - subprocess
+    import faulthandler
+
+    faulthandler.enable()  # an abort (SIGABRT from C++) prints every thread's Python stack
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint import FileSystemWriter
@@ -92,6 +95,7 @@ def worker(out: Path, ckpt: Path, port: int) -> None:  # pragma: no cover - subp
     rec = Recorder()
     res: dict[str, Any] = {"payload": payload, "tensors": len(state)}
 
+    print("worker: 1. async save", flush=True)
     # 1. async save on slow storage, then training goes on and changes the state
     p1 = ckpt / "a1"
     t0 = time.perf_counter()
@@ -108,6 +112,7 @@ def worker(out: Path, ckpt: Path, port: int) -> None:  # pragma: no cover - subp
                  "files": sorted(f.name for f in p1.iterdir()),
                  "mtime_max": max(f.stat().st_mtime for f in p1.iterdir())}
 
+    print("worker: 2. two async saves", flush=True)
     # 2. two async saves back to back: the second waits for the first inside its stall
     p2, p3 = ckpt / "a2", ckpt / "a3"
     f2 = gl.save_checkpoint(state, p2, rec, step=2, async_=True,
@@ -119,6 +124,7 @@ def worker(out: Path, ckpt: Path, port: int) -> None:  # pragma: no cover - subp
     f3.result(timeout=60)
     res["a3"] = {"call": t3, "returned": t4, "dir_bytes": _dir_bytes(p3)}
 
+    print("worker: 3. an asynchronous stager", flush=True)
     # 3. an asynchronous stager: async_save returns an AsyncSaveResponse
     p4 = ckpt / "a4"
     stager = DefaultStager(StagingOptions(False, False, True, False))
@@ -130,6 +136,7 @@ def worker(out: Path, ckpt: Path, port: int) -> None:  # pragma: no cover - subp
     stager.close()
     res["a4"] = {"staged": t5, "dir_bytes": _dir_bytes(p4)}
 
+    print("worker: 4. a save that fails", flush=True)
     # 4. a save that fails in the background: no durable event, the future raises
     blocker = ckpt / "not-a-dir"
     blocker.write_text("x")
@@ -139,13 +146,20 @@ def worker(out: Path, ckpt: Path, port: int) -> None:  # pragma: no cover - subp
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
         res["a5_error"] = type(exc).__name__
 
+    print("worker: 5. restore the first", flush=True)
     # 5. restore the first checkpoint into a zeroed state
     restored = {k: torch.zeros_like(v) for k, v in state.items()}
     gl.load_checkpoint(restored, p1, rec, step=1)
     res["restored_equal"] = all(torch.equal(restored[k], original[k]) for k in state)
     res["events"] = rec.events
     out.write_text(json.dumps(res))
+    # DCP's executor threads shut themselves down after their save's callbacks; let them
+    # finish before the groups they used are destroyed
+    for t in threading.enumerate():
+        if t.name.startswith("AsyncCheckpointExecutor"):
+            t.join(30)
     dist.destroy_process_group()
+    print("worker: process groups destroyed", flush=True)
 
 
 # ----------------------------------------------------------------------------- the tests
