@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import dash
 from dash import Input, Output, State, dcc, html
 
+from dashboard import figures as fig
 from dashboard import pages
 from dashboard.data import DashConfig, RunData
 
@@ -96,10 +97,12 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         """A page that redraws on the timer only when its run's version moved: ``build``
         gives the values of ``outputs`` for a run id (the first output says when the run
         is gone)."""
+        graphs = _figure_states(outputs)
+
         @app.callback(*outputs, Output(f"{page}-version", "data"),
                       Input("tick", "n_intervals"), Input("url", "pathname"),
-                      State(f"{page}-version", "data"))
-        def refresh(_: Any, pathname: str | None, shown: Any) -> tuple:
+                      State(f"{page}-version", "data"), *graphs)
+        def refresh(_: Any, pathname: str | None, shown: Any, *figures: Any) -> tuple:
             n = len(outputs)
             kind, run_id = parse_path(pathname)
             if kind != page or run_id is None:
@@ -107,9 +110,10 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
             v = data.version(run_id)
             if v is None:
                 return (pages.not_found(f"run {run_id!r} is gone"), *(NO,) * n)
-            if shown is not None and list(v) == list(shown) and dash.ctx.triggered_id == "tick":
+            live = dash.ctx.triggered_id == "tick"
+            if shown is not None and list(v) == list(shown) and live:
                 return (NO,) * (n + 1)
-            return (*build(run_id), list(v))
+            return (*_kept(outputs, build(run_id), figures if live else ()), list(v))
 
     refreshing("checkpoints", [Output("checkpoints-body", "children")],
                lambda r: (pages.checkpoints_body(data.checkpoints(r)),))
@@ -128,9 +132,10 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
                   Output("ranks-attempt", "options"),
                   Input("tick", "n_intervals"), Input("url", "pathname"),
                   Input("ranks-attempt", "value"), Input("ranks-pool", "value"),
-                  Input("ranks-span", "value"), State("ranks-version", "data"))
+                  Input("ranks-span", "value"), State("ranks-version", "data"),
+                  *_figure_states(rk_outputs))
     def ranks_page(_: Any, pathname: str | None, attempt: Any, pool: str, span: str,
-                   shown: Any) -> tuple:
+                   shown: Any, *figures: Any) -> tuple:
         n = len(rk_outputs)
         kind, run_id = parse_path(pathname)
         if kind != "ranks" or run_id is None:
@@ -144,8 +149,10 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         pick = None if attempt in (None, "latest") else int(attempt)
         rk = data.ranks(run_id, pick, span == "all")
         parts = pages.ranks_parts(rk, pool or "max")
+        values = [parts[i] for i in (*pages.RANKS_DIVS, *pages.RANKS_GRAPHS)]
+        live = dash.ctx.triggered_id == "tick"
         # "latest" follows a live run into its next attempt; the list grows with it
-        return (*(parts[i] for i in (*pages.RANKS_DIVS, *pages.RANKS_GRAPHS)), key,
+        return (*_kept(rk_outputs, values, figures if live else ()), key,
                 pages.attempt_options(rk["attempts"]))
 
     @app.callback(Output("whatif-form", "children"), Input("url", "pathname"))
@@ -188,6 +195,25 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     from dashboard.cluster import register_cluster_callbacks
     register_cluster_callbacks(app)
     return app
+
+
+def _figure_states(outputs: list[Output]) -> list[State]:
+    """The shown figure of each graph among ``outputs`` (what the user zoomed)."""
+    return [State(o.component_id, "figure") for o in outputs
+            if o.component_property == "figure"]
+
+
+def _kept(outputs: list[Output], values: Any, shown: tuple) -> list[Any]:
+    """``values`` for ``outputs``, each new figure keeping the view of the one shown
+    (``shown``: the graphs' figures in output order; empty when not a live redraw)."""
+    values = list(values)
+    if not shown:
+        return values
+    graphs = iter(shown)
+    for i, o in enumerate(outputs):
+        if o.component_property == "figure":
+            values[i] = fig.keep_view(values[i], next(graphs))
+    return values
 
 
 def _loading(child: Any) -> Any:

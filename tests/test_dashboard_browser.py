@@ -141,6 +141,56 @@ def test_live_run_refreshes(tmp_path: Path, dash_br) -> None:
         c.stop()
 
 
+def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
+    """Zoom (a real mouse drag) on the rolling-goodput graph of a live run, let new data
+    redraw the page: the graph shows the new data and the same x range. (Under Dash 4
+    ``uirevision`` alone lost the zoom at every redraw.)"""
+    from selenium.webdriver.common.action_chains import ActionChains
+    c = Collector(tmp_path / "zoom.duckdb", "--no-detect").start()
+    try:
+        def push(steps: list[int]) -> None:
+            for rank in range(4):
+                body = json.dumps(step_batch("live", rank, steps)).encode()
+                assert http("POST", c.url + "/v1/ingest", body)[0] == 200
+            c.sync()
+        push(list(range(0, 60)))
+        dash_br.server_url = c.url + "/runs/live"
+        dash_br.wait_for_element("#series-graph .nsewdrag", timeout=30)
+        js = "var g=document.querySelector('#series-graph .js-plotly-plot');"
+        view = ("return [g.layout.xaxis.range, g.layout.yaxis.range, "
+                "g.data[0].x[g.data[0].x.length-1]]")
+        auto = dash_br.driver.execute_script(js + view)
+        drag = dash_br.find_element("#series-graph .nsewdrag")
+        w, h = drag.size["width"], drag.size["height"]
+        ActionChains(dash_br.driver).move_to_element_with_offset(drag, w // 4, h // 2) \
+            .click_and_hold().move_by_offset(w // 8, 0).move_by_offset(w // 8, 0) \
+            .release().perform()
+        assert _wait_for(lambda: dash_br.driver.execute_script(js + view)[0] != auto[0])
+        zoomed = dash_br.driver.execute_script(js + view)
+        first = dash_br.find_element("#headline-wall").get_attribute("title")
+        push(list(range(60, 120)))
+        assert _wait_for(lambda: dash_br.find_element("#headline-wall").get_attribute(
+            "title") != first), "the page did not refresh"
+        assert _wait_for(lambda: dash_br.driver.execute_script(js + view)[2] != zoomed[2]), \
+            "the graph did not get the new data"
+        time.sleep(1.5)  # a later tick (the version did not move) must not reset it either
+        after = dash_br.driver.execute_script(js + view)
+        assert after[0] == zoomed[0], f"zoom lost: {zoomed[0]} -> {after[0]}"
+        assert after[1] == [0, 100]
+        _no_console_errors(dash_br)
+    finally:
+        c.stop()
+
+
+def _wait_for(pred, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.3)
+    return False
+
+
 def test_token_gate(tmp_path: Path) -> None:
     c = Collector(tmp_path / "t.duckdb", "--token", "s3cret").start()
     try:
