@@ -31,12 +31,27 @@ The read API is :class:`~collector.store.Store`'s, unchanged: this class runs Du
 memory with *views* named ``steps``, ``events`` and ``runs`` over the dataset, and keeps
 ``step_summaries`` (and ``dirty``) in memory, rebuilt from the segments it has not yet seen
 (its own and other collectors') each time it summarises. Accounting, detectors, reports and
-the dashboard therefore work on either backend. Opening a dataset summarises every segment
-once (minutes for hundreds of millions of rows).
+the dashboard therefore work on either backend.
+
+Summaries are checkpointed so that opening a dataset does not re-read every raw row::
+
+    DIR/summaries/<writer>-<token>-<n>.parquet    step_summaries, and the step segments
+                                                  they cover (in the file's metadata)
+
+A writable store saves one every ``summary_every_s`` (or less often when saving would take
+over 2% of the time) and when it closes; a reader saves one when its open had to summarise
+for long. Opening loads the checkpoint that covers the most
+step segments still present and summarises only the step ranges of the others (new ones,
+and compacted ones: a compaction's merged segment is new, so its steps are recomputed). It
+is exact because a segment enters a checkpoint's list only after its step ranges were
+marked dirty, and the list is taken before the summarising pass that clears them; a step
+summarised over more rows than the list names is recomputed from the views when those rows'
+segment turns up as uncovered.
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -44,6 +59,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -74,6 +90,8 @@ _KEYS = {"steps": ("run_id", "attempt", "rank", "step"), "events": ("run_id", "s
 _ORDER = {"steps": ("attempt", "step", "rank"), "events": ("time", "source", "seq")}
 _TIME = {"steps": "start_time", "events": "time"}
 _HIVE = "hive_partitioning = true, hive_types = {'run_id': VARCHAR, 'hour': VARCHAR}"
+_COVERS = b"goodlens.covers"  # a summary checkpoint's step segments (zlib, base64 JSON)
+_CKPT_VERSION = b"goodlens.schema_version"
 
 
 def hour_of(t: np.ndarray) -> np.ndarray:
@@ -92,7 +110,8 @@ class ParquetStore(Store):
                  memory_limit: str | None = None, threads: int | None = None,
                  writer_id: str | None = None, compact_min_files: int = 8,
                  compact_after_s: float = 300.0, rescan_every_s: float = 2.0,
-                 grace_s: float = 60.0) -> None:
+                 grace_s: float = 60.0, summary_every_s: float = 60.0,
+                 use_checkpoints: bool = True, save_after_open_s: float = 10.0) -> None:
         self.root = Path(root)
         self.path = f"parquet:{self.root}"
         self.read_only = read_only
@@ -136,11 +155,22 @@ class ParquetStore(Store):
         self.rescan_every_s = rescan_every_s
         self._last_scan = 0.0
         self._last_compact = time.monotonic()
+        self.summary_every_s = summary_every_s
+        self._saved: set[str] | None = None  # what the last checkpoint saved covered
+        self._summarised: set[str] | None = None  # what the last summarising pass covered
+        self._last_save = time.monotonic()
+        self._save_s = 0.0  # how long the last save took
         self._define_views()
         self._con.execute(_DERIVED)
         self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        self._rescan()
-        self.summarize_dirty()
+        t = time.perf_counter()
+        #: how this open went: the checkpoint it started from and the steps it summarised
+        self.open_stats: dict[str, Any] = {"checkpoint": self._load_summaries()
+                                           if use_checkpoints else None}
+        self.open_stats["steps_summarised"] = self.summarize_dirty()
+        self.open_stats["seconds"] = round(time.perf_counter() - t, 3)
+        if read_only and use_checkpoints and self.open_stats["seconds"] >= save_after_open_s:
+            self.save_summaries(best_effort=True)  # spare the next reader the same wait
         self._known_runs = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
 
     # ------------------------------------------------------------------ views
@@ -241,10 +271,11 @@ class ParquetStore(Store):
         self._marks.update(new_marks)
         self._event_marks.update(new_event_marks)
         self._known_runs.update(b.run_id for b in batches)
-        with self._lock:
-            self._seen.update(written)
+        # dirty first, then seen: a checkpoint lists a segment only once its steps are dirty
         if dirty:
             self._con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", dirty)
+        with self._lock:
+            self._seen.update(written)
         if written and not all(self._views.values()):
             self._define_views()
         return results
@@ -354,15 +385,18 @@ class ParquetStore(Store):
         if not new:
             return 0
         try:
+            # one range per segment: a range over all of them would span the gaps between
+            # (an old merged segment and today's: every step of the run)
             ranges = con.execute(
                 f"SELECT run_id, attempt, min(step), max(step) FROM read_parquet($files, "
-                f"{_HIVE}) GROUP BY ALL", {"files": new}).fetchall()
+                f"{_HIVE}, filename = true) GROUP BY filename, run_id, attempt",
+                {"files": new}).fetchall()
         except duckdb.IOException:
             return 0  # compacted away meanwhile: the merged segment is picked up next time
-        with self._lock:
-            self._seen.update(new)
         if ranges:
             con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", ranges)
+        with self._lock:
+            self._seen.update(new)
         return len(new)
 
     def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -370,15 +404,107 @@ class ParquetStore(Store):
         compact old small segments every few minutes when writable)."""
         self._define_views(con)
         self._rescan(con)
+        covered = self._covered()  # before the pass: each is dirty or summarised already
         total = super().summarize_dirty(con)
+        self._summarised = covered
         if not self.read_only and time.monotonic() - self._last_compact > self.compact_after_s:
             self._last_compact = time.monotonic()
             self.compact(older_than_s=self.compact_after_s, con=con)
+        # at most every summary_every_s, and rarely enough that saving takes <= 2% of the
+        # time (the checkpoint grows with the steps: ~64 B each)
+        if not self.read_only and time.monotonic() - self._last_save >= max(
+                self.summary_every_s, 50 * self._save_s):
+            self.save_summaries(con)
         return total
 
     def has_dirty(self) -> bool:
         """Whether some step ranges await summarising (or new segments a rescan would find)."""
         return super().has_dirty() or self.external_changes()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _covered(self) -> set[str]:
+        """The step segments this store has marked dirty or summarised."""
+        prefix = str(self.root / "steps") + os.sep
+        with self._lock:
+            return {f for f in self._seen if f.startswith(prefix)}
+
+    def _checkpoints(self) -> list[tuple[Path, set[str]]]:
+        """Each readable summary checkpoint and the step segments (absolute paths) it
+        covers; unreadable or other-version ones are skipped."""
+        found = []
+        for path in sorted((self.root / "summaries").glob("*.parquet")):
+            try:
+                meta = pq.read_schema(path).metadata or {}
+                if meta.get(_CKPT_VERSION) != str(SCHEMA_VERSION).encode():
+                    continue
+                names = json.loads(zlib.decompress(base64.b64decode(meta[_COVERS])))
+            except (OSError, KeyError, ValueError, zlib.error, pa.ArrowException):
+                continue  # removed meanwhile, torn by hand, or not ours
+            found.append((path, {str(self.root / n) for n in names}))
+        return found
+
+    def _load_summaries(self) -> str | None:
+        """Start from the checkpoint covering the most step segments still present: its
+        summaries, and its segments as seen. Returns its path (None: none usable)."""
+        present = {str(p) for p in (self.root / "steps").glob("*/*/*.parquet")}
+        ranked = sorted(((len(cov & present), path.name, path, cov & present)
+                         for path, cov in self._checkpoints()), reverse=True)
+        cols = [r[0] for r in self._con.execute("DESCRIBE step_summaries").fetchall()]
+        for hits, _, path, cov in ranked:
+            if not hits:
+                break
+            try:
+                t = pq.read_table(path)
+            except (OSError, pa.ArrowException):
+                continue  # pruned by its writer meanwhile: the next best
+            if t.column_names != cols:
+                continue
+            self._con.register("_ckpt", t)
+            try:
+                self._con.execute("INSERT INTO step_summaries SELECT * FROM _ckpt")
+            finally:
+                self._con.unregister("_ckpt")
+            with self._lock:
+                self._seen = set(cov)
+            self._saved = set(cov)
+            return str(path)
+        return None
+
+    def save_summaries(self, con: duckdb.DuckDBPyConnection | None = None,
+                       best_effort: bool = False) -> str | None:
+        """Checkpoint the summaries of the last summarising pass with the step segments it
+        covered (nothing when that changed nothing since the last one); removes, after
+        the grace period, older checkpoints this one supersedes. Returns its path.
+        ``best_effort``: a reader on a dataset it may not write gives up quietly."""
+        covered = self._summarised
+        self._last_save = started = time.monotonic()
+        if covered is None or covered == self._saved:
+            return None
+        cur = (con or self._con).cursor()
+        try:
+            t = cur.sql("SELECT * FROM step_summaries ORDER BY run_id, attempt, step"
+                        ).to_arrow_table()
+        finally:
+            cur.close()
+        names = sorted(os.path.relpath(f, self.root) for f in covered)
+        t = t.replace_schema_metadata({
+            _CKPT_VERSION: str(SCHEMA_VERSION).encode(),
+            _COVERS: base64.b64encode(zlib.compress(json.dumps(names).encode()))})
+        try:
+            path = self._write_segment(self.root / "summaries", t)
+        except OSError:
+            if best_effort:
+                return None
+            raise
+        self._saved = covered
+        if not self.read_only:
+            present = {str(p) for p in (self.root / "steps").glob("*/*/*.parquet")}
+            old = [str(p) for p, cov in self._checkpoints()
+                   if str(p) != path and (cov & present) <= covered]
+            with self._lock:
+                self._doomed.append((time.monotonic(), old))
+        self._save_s = time.monotonic() - started
+        return path
 
     # ------------------------------------------------------------------ compaction
     def compact(self, min_files: int | None = None, older_than_s: float = 0.0,
@@ -455,9 +581,13 @@ class ParquetStore(Store):
                 _fsync(Path(paths[0]).parent)
 
     def close(self) -> None:
-        """Nothing to flush: every acknowledged segment is already in place (compacted
-        sources still in their grace period are removed now)."""
+        """Every acknowledged segment is already in place; a writable store summarises what
+        is left and saves a last summary checkpoint (compacted sources and superseded
+        checkpoints still in their grace period are removed now)."""
         if not self.read_only:
+            if self.has_dirty():
+                self.summarize_dirty()
+            self.save_summaries()
             self._remove_doomed(everything=True)
         self._con.close()
 

@@ -247,3 +247,111 @@ def test_cli_report_and_dashboard_data_on_parquet(tmp_path: Path) -> None:
         assert d.ranks("sim-64")["grid"] is not None
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------------- summary checkpoints
+def _same_summaries(a: ParquetStore, b: ParquetStore, run: str) -> None:
+    import pandas as pd
+    pd.testing.assert_frame_equal(a.step_summaries(run).reset_index(drop=True),
+                                  b.step_summaries(run).reset_index(drop=True))
+
+
+def test_reopening_starts_from_the_summary_checkpoint(tmp_path: Path) -> None:
+    """A closed writer leaves a checkpoint; opening again summarises nothing and answers
+    exactly as a full rebuild from the raw segments."""
+    w = ParquetStore(tmp_path / "d", writer_id="w")
+    import_trace(w, SIM)
+    run = w.runs().run_id[0]
+    expected = report_dict(w, run)
+    w.close()
+    assert len(list((tmp_path / "d" / "summaries").glob("*.parquet"))) == 1
+    again = ParquetStore(tmp_path / "d", read_only=True)
+    full = ParquetStore(tmp_path / "d", read_only=True, use_checkpoints=False)
+    try:
+        assert again.open_stats["checkpoint"] is not None
+        assert again.open_stats["steps_summarised"] == 0
+        assert full.open_stats["checkpoint"] is None
+        assert full.open_stats["steps_summarised"] > 1000
+        _same_summaries(again, full, run)
+        assert report_dict(again, run) == report_dict(full, run) == expected
+    finally:
+        again.close()
+        full.close()
+
+
+def test_a_checkpoint_stays_exact_when_segments_are_added_and_compacted(tmp_path: Path) -> None:
+    """After the checkpoint: another collector adds ranks to steps the checkpoint summarised,
+    and a compaction replaces the covered segments by a merged one. The reopened store
+    recomputes exactly those steps (no more) and equals a full rebuild."""
+    from collector.ingest import validate_batch
+    d = tmp_path / "d"
+    a = ParquetStore(d, writer_id="a", grace_s=0.0)
+    for s in range(0, 100, 10):
+        a.write_group([validate_batch(step_batch("r", rank, list(range(s, s + 10))))
+                       for rank in range(4)])
+    a.close()  # checkpoint: steps 0-99 over ranks 0-3
+    b = ParquetStore(d, writer_id="b", use_checkpoints=False)
+    b.write_group([validate_batch(step_batch("r", 4, list(range(40, 60))))])
+    b.write_group([validate_batch(step_batch("r", 0, list(range(100, 110))))])
+    # b opened after a's close and saves its own checkpoint only at close: not yet
+    partial = ParquetStore(d, read_only=True)
+    assert partial.open_stats["steps_summarised"] == 30  # 40-59 (rank 4 added) and 100-109
+    full = ParquetStore(d, read_only=True, use_checkpoints=False)
+    _same_summaries(partial, full, "r")
+    assert partial.step_summaries("r").ranks.max() == 5  # ranks of steps 40-59
+    partial.close()
+    full.close()
+    merged = ParquetStore(d, writer_id="c", grace_s=0.0)
+    assert merged.compact(min_files=2) >= 1
+    merged.compact(min_files=2)  # the grace period (0) is over: the covered sources go
+    merged.close()
+    b.close()
+    after = ParquetStore(d, read_only=True)
+    full = ParquetStore(d, read_only=True, use_checkpoints=False)
+    try:
+        _same_summaries(after, full, "r")
+    finally:
+        after.close()
+        full.close()
+
+
+def test_a_broken_checkpoint_is_ignored_and_superseded_ones_are_pruned(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    w = ParquetStore(d, writer_id="w", grace_s=0.0, summary_every_s=0.0)
+    import_trace(w, SIM)
+    run = w.runs().run_id[0]
+    w.summarize_dirty()  # saves one (summary_every_s=0)
+    from collector.ingest import validate_batch
+    w.write_group([validate_batch(step_batch(run, 0, [100_000]))])
+    w.summarize_dirty()  # a second one, covering the first's segments and one more
+    w.close()  # the first is superseded: pruned at close
+    kept = sorted((d / "summaries").glob("*.parquet"))
+    assert len(kept) == 1
+    # a torn checkpoint (written by hand, or by a newer schema) is skipped
+    (d / "summaries" / "zz-torn.parquet").write_bytes(b"PAR1 not really")
+    r = ParquetStore(d, read_only=True)
+    try:
+        assert r.open_stats["checkpoint"] == str(kept[0])
+        assert r.open_stats["steps_summarised"] == 0
+    finally:
+        r.close()
+
+
+def test_a_reader_that_had_to_summarise_for_long_leaves_a_checkpoint(tmp_path: Path) -> None:
+    """A dataset written by collectors that never closed (killed): the first reader pays
+    for the summaries and saves them (here: whatever it took), the next one does not."""
+    w = ParquetStore(tmp_path / "d", writer_id="w")
+    import_trace(w, SIM)  # not closed: no checkpoint
+    assert not list((tmp_path / "d" / "summaries").glob("*.parquet"))
+    first = ParquetStore(tmp_path / "d", read_only=True, save_after_open_s=0.0)
+    assert first.open_stats["checkpoint"] is None and first.open_stats["steps_summarised"]
+    second = ParquetStore(tmp_path / "d", read_only=True)
+    try:
+        assert second.open_stats["checkpoint"] is not None
+        assert second.open_stats["steps_summarised"] == 0
+        run = second.runs().run_id[0]
+        _same_summaries(first, second, run)
+    finally:
+        first.close()
+        second.close()
+        w._con.close()
