@@ -89,6 +89,18 @@ def runs_body(runs: list[dict[str, Any]]) -> html.Div:
 
 
 # ---------------------------------------------------------------------------- overview
+def _state_card(state: str, rep: dict[str, Any]) -> Any:
+    """The run's state; a run in progress quiet past its hang timeout says so, and how to
+    end it when its job is gone."""
+    quiet = rep.get("silence") or {}
+    if not quiet.get("silent"):
+        return _card("State", f"{state}" + (" (live)" if rep["in_progress"] else ""),
+                     "headline-state")
+    return _card("State", f"silent for {_dur(quiet['silent_s'])}", "headline-state",
+                 f"no data past its {_dur(quiet['timeout_s'])} hang timeout: hung, or gone "
+                 f"without an end event (`goodlens end-run --run {rep['run']}` ends it)")
+
+
 def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
     """Headline goodput, the breakdown, attempts, goodput over time and the timeline, by
     the id of the element each fills (figures for the graphs)."""
@@ -102,8 +114,7 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
               "" if rep["gpu_time_goodput"] is None else f"{rep['gpu_time_goodput']:.6f}"),
         _card("Wall-clock", _dur(wall), "headline-wall", f"{wall:.2f} s"),
         _card("Attempts", str(len(rep["attempts"])), "headline-attempts"),
-        _card("State", f"{state}" + (" (live)" if rep["in_progress"] else ""),
-              "headline-state"),
+        _state_card(state, rep),
     ], className="gl-cards")
     rows, ids = [], []
     for b in BUCKETS:

@@ -34,6 +34,42 @@ class HangConfig:
             raise ValueError("HangConfig.max_timeout_s must be >= min_timeout_s")
 
 
+    def timeout(self, longest_interval_s: float) -> float:
+        """The timeout after ``longest_interval_s`` between reports: max(floor, safety
+        factor x interval), at most the ceiling."""
+        t = max(self.min_timeout_s, self.safety_factor * longest_interval_s)
+        return t if self.max_timeout_s is None else min(t, self.max_timeout_s)
+
+
+@dataclass(frozen=True)
+class Silence:
+    """How long a run in progress has been quiet, against the timeout its own step rhythm
+    gives (what the live hang detector would have used)."""
+
+    last_activity: float
+    """The latest step end or event of the run's current attempt (epoch s)."""
+    silent_s: float
+    """Seconds from then to now."""
+    timeout_s: float
+    """max(floor, safety factor x the longest interval between the attempt's step ends)."""
+
+    @property
+    def silent(self) -> bool:
+        """Quiet for longer than the timeout: hung, or gone without an end event."""
+        return self.silent_s > self.timeout_s
+
+
+def silence(step_ends: np.ndarray, last_activity: float, now: float,
+            config: HangConfig | None = None) -> Silence:
+    """The :class:`Silence` of an attempt from its steps' end times (the latest rank's end
+    of each step; the job-level rhythm the live detector tracks per rank)."""
+    ends = np.sort(np.asarray(step_ends, dtype=float))
+    ends = ends[np.isfinite(ends)]
+    longest = float(np.diff(ends).max()) if len(ends) > 1 else 0.0
+    return Silence(float(last_activity), max(0.0, float(now - last_activity)),
+                   (config or HangConfig()).timeout(longest))
+
+
 @dataclass(frozen=True)
 class HangFinding:
     """A rank (or the whole job) silent for longer than the timeout."""
@@ -65,9 +101,7 @@ class HangDetector:
     @property
     def timeout_s(self) -> float:
         """The current timeout: max(floor, safety factor x longest interval seen)."""
-        c = self.config
-        t = max(c.min_timeout_s, c.safety_factor * self._max_interval)
-        return t if c.max_timeout_s is None else min(t, c.max_timeout_s)
+        return self.config.timeout(self._max_interval)
 
     @property
     def last_report(self) -> float | None:

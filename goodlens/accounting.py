@@ -239,7 +239,27 @@ def report_dict(source: RunSource, run_id: str | None = None, since: str | float
     rep = acc.breakdown(lo, hi).as_dict()
     rep["attempts"] = [b.as_dict() for b in acc.by_attempt()
                        if lo is None and hi is None]
+    if rep["in_progress"]:
+        rep["silence"] = run_silence(source, run_id, now)
     return rep
+
+
+def run_silence(source: RunSource, run_id: str, now: float | None = None) -> dict[str, Any]:
+    """For a run in progress: how long its current attempt has been quiet, the timeout its
+    step rhythm gives, and whether it is past it (``silent``: hung, or gone without an end
+    event; ``goodlens end-run`` ends it)."""
+    from detectors.hangs import silence
+
+    att = source.attempts(run_id)
+    last = att.sort_values("attempt").iloc[-1]
+    steps = source.step_summaries(run_id)
+    steps = steps[steps.attempt == int(last["attempt"])] if len(steps) else steps
+    clock = time.time() if now is None else now
+    activity = _num(last.get("last_activity"), _num(last.get("start"), clock))
+    s = silence(steps.step_end.to_numpy(dtype=float) if len(steps) else np.zeros(0),
+                activity, clock)
+    return {"attempt": int(last["attempt"]), "last_activity": s.last_activity,
+            "silent_s": s.silent_s, "timeout_s": s.timeout_s, "silent": s.silent}
 
 
 # ---------------------------------------------------------------------------- building

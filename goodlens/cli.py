@@ -262,10 +262,16 @@ def runs(db: str | None, url: str | None, token: str | None, as_json: bool) -> N
     click.echo(table(rows, _RUN_COLUMNS))
 
 
-def _get_json(url: str, token: str | None) -> Any:
+def _get_json(url: str, token: str | None, body: Any = None) -> Any:
+    """GET ``url`` (POST ``body`` as JSON when given) from a collector; the JSON answer."""
     import urllib.error
     import urllib.request
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())
@@ -334,6 +340,13 @@ def report_text(rep: dict[str, Any]) -> str:
     if rep["buckets"]["straggler_wait"] is None:
         lines.append("straggler wait not measured: the exporter reported no compute/wait split "
                      "(use exp.phase('collective') or the PyTorch integration)")
+    quiet = rep.get("silence") or {}
+    if quiet.get("silent"):
+        lines.append(f"\nno data for {format_duration(quiet['silent_s'])} (past the "
+                     f"{format_duration(quiet['timeout_s'])} its step rhythm allows): hung, or "
+                     "gone without an end event; its wall-clock keeps growing as other: "
+                     "since_last_step. If the job is gone, end the run with "
+                     f"`goodlens end-run --run {rep['run']} --db STORE` (or --url).")
     atts = rep.get("attempts") or []
     if len(atts) > 1:
         lines.append("")
@@ -679,8 +692,9 @@ def export(db: str, run_ids: tuple[str, ...], out: str) -> None:
     click.echo(f"wrote {path}")
 
 
-import goodlens.cli_cluster  # noqa: E402, F401  (registers `goodlens simulate cluster`)
+import goodlens.cli_cluster  # noqa: E402  (registers `goodlens simulate cluster`)
 import goodlens.cli_relay as _cli_relay  # noqa: E402, F401  (registers `goodlens relay`)
+import goodlens.cli_runs  # noqa: E402, F401  (registers `goodlens end-run`)
 from goodlens import cli_plan  # noqa: E402, F401  (registers the `goodlens plan` commands)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,7 +24,8 @@ def run(*args: str, ok: bool = True):
 @pytest.mark.parametrize("cmd", [[], ["serve"], ["runs"], ["import"], ["export"], ["report"],
                                  ["detect"], ["replay"], ["simulate"], ["plan"],
                                  ["plan", "interval"], ["plan", "checkpoint"],
-                                 ["plan", "elastic"], ["plan", "spares"]])
+                                 ["plan", "elastic"], ["plan", "spares"], ["end-run"],
+                                 ["relay"], ["dashboard"], ["simulate", "cluster"]])
 def test_every_command_has_help(cmd):
     out = run(*cmd, "--help").output
     assert "Usage:" in out and len(out.splitlines()) > 4
