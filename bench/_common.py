@@ -363,27 +363,42 @@ class PushResult:
         return float(np.percentile(self.latencies_s, q) * 1e3)
 
 
-def _send_all(port: int, bodies: list[bytes], sink: list, wire: str = "json") -> None:
-    """Push ``bodies`` in order over one persistent connection; results appended to sink."""
+def push_connection(port: int) -> http.client.HTTPConnection:
+    """A persistent loopback connection to a collector (or relay), Nagle off."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.connect()
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def post_ingest(conn: http.client.HTTPConnection, body: bytes,
+                headers: dict[str, str]) -> tuple[float, int, bytes]:
+    """One push, retried after a tenth of ``Retry-After`` on 429/503 (the queue is full):
+    (seconds the accepted try took, retries, the answer's body)."""
+    retries = 0
+    while True:
+        t = time.perf_counter()
+        conn.request("POST", "/v1/ingest", body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        dt = time.perf_counter() - t
+        if resp.status in (429, 503):
+            retries += 1
+            time.sleep(float(resp.getheader("Retry-After", "1")) / 10)
+            continue
+        if resp.status != 200:
+            raise RuntimeError(f"push answered {resp.status}: {data[:300]!r}")
+        return dt, retries, data
+
+
+def _send_all(port: int, bodies: list[bytes], sink: list, wire: str = "json") -> None:
+    """Push ``bodies`` in order over one persistent connection; results appended to sink."""
+    conn = push_connection(port)
     headers = {"Content-Type": CONTENT_TYPES[wire]}
     lat, retries, inserted, dup, nbytes = [], 0, 0, 0, 0
     for body in bodies:
-        while True:
-            t = time.perf_counter()
-            conn.request("POST", "/v1/ingest", body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            dt = time.perf_counter() - t
-            if resp.status == 503:
-                retries += 1
-                time.sleep(float(resp.getheader("Retry-After", "1")) / 10)
-                continue
-            if resp.status != 200:
-                raise RuntimeError(f"push answered {resp.status}: {data[:300]!r}")
-            break
+        dt, tries, data = post_ingest(conn, body, headers)
+        retries += tries
         r = orjson.loads(data)
         inserted += r["steps_inserted"]
         dup += r["steps_duplicate"]

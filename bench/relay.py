@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +43,8 @@ from bench._common import (
     free_port,
     http_json,
     markdown_section,
+    post_ingest,
+    push_connection,
     si,
     stored_rows,
     table,
@@ -91,28 +91,16 @@ def bodies_for(w: Workload, pusher: int, pushes: int) -> list[bytes]:
 
 def _pusher(port: int, bodies: list[bytes], ready: Any, go: Any, out: Any) -> None:
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        conn.connect()
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = push_connection(port)
         headers = {"Content-Type": CONTENT_TYPES["arrow"]}
         lat, retries = [], 0
         ready.wait()
         go.wait()
         first = time.perf_counter()
         for body in bodies:
-            while True:
-                t = time.perf_counter()
-                conn.request("POST", "/v1/ingest", body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                if resp.status in (429, 503):
-                    retries += 1
-                    time.sleep(float(resp.getheader("Retry-After", "1")) / 10)
-                    continue
-                if resp.status != 200:
-                    raise RuntimeError(f"push answered {resp.status}: {data[:300]!r}")
-                lat.append(time.perf_counter() - t)
-                break
+            dt, tries, _ = post_ingest(conn, body, headers)
+            lat.append(dt)
+            retries += tries
         out.put((None, first, time.perf_counter(), lat, retries))
         conn.close()
     except BaseException as exc:  # report, never hang the parent

@@ -206,7 +206,8 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
         q = request.query_params
 
         def build() -> dict:
-            return report_dict(store, q.get("run"), q.get("since"), q.get("until"))
+            return report_dict(store, q.get("run"), q.get("since"), q.get("until"),
+                               hang_floor_s=config.hang_floor_s)
         try:
             rep = await run_in_threadpool(build)
         except KeyError as exc:

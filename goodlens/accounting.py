@@ -221,9 +221,11 @@ class Accounting:
 
 
 def report_dict(source: RunSource, run_id: str | None = None, since: str | float | None = None,
-                until: str | float | None = None, now: float | None = None) -> dict[str, Any]:
+                until: str | float | None = None, now: float | None = None,
+                hang_floor_s: float = 60.0) -> dict[str, Any]:
     """The report of one run (default: the most recently started), optionally a window:
-    the run's breakdown plus one per attempt, as plain JSON-ready data."""
+    the run's breakdown plus one per attempt, as plain JSON-ready data (a run in progress
+    also gets its :func:`run_silence`, with the hang timeout's floor ``hang_floor_s``)."""
     from goodlens.units import parse_instant
 
     if run_id is None:
@@ -240,15 +242,16 @@ def report_dict(source: RunSource, run_id: str | None = None, since: str | float
     rep["attempts"] = [b.as_dict() for b in acc.by_attempt()
                        if lo is None and hi is None]
     if rep["in_progress"]:
-        rep["silence"] = run_silence(source, run_id, now)
+        rep["silence"] = run_silence(source, run_id, now, hang_floor_s)
     return rep
 
 
-def run_silence(source: RunSource, run_id: str, now: float | None = None) -> dict[str, Any]:
+def run_silence(source: RunSource, run_id: str, now: float | None = None,
+                hang_floor_s: float = 60.0) -> dict[str, Any]:
     """For a run in progress: how long its current attempt has been quiet, the timeout its
     step rhythm gives, and whether it is past it (``silent``: hung, or gone without an end
     event; ``goodlens end-run`` ends it)."""
-    from detectors.hangs import silence
+    from detectors.hangs import HangConfig, silence
 
     att = source.attempts(run_id)
     last = att.sort_values("attempt").iloc[-1]
@@ -257,7 +260,7 @@ def run_silence(source: RunSource, run_id: str, now: float | None = None) -> dic
     clock = time.time() if now is None else now
     activity = _num(last.get("last_activity"), _num(last.get("start"), clock))
     s = silence(steps.step_end.to_numpy(dtype=float) if len(steps) else np.zeros(0),
-                activity, clock)
+                activity, clock, HangConfig(min_timeout_s=hang_floor_s))
     return {"attempt": int(last["attempt"]), "last_activity": s.last_activity,
             "silent_s": s.silent_s, "timeout_s": s.timeout_s, "silent": s.silent}
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from goodlens.cli import StoreSpec, _echo_json, _get_json, _open_store, _read_run, main
+from goodlens.cli import Duration, StoreSpec, _echo_json, _get_json, _open_store, _read_run, main
 from goodlens.model import SCHEMA_VERSION
 from goodlens.units import format_duration, parse_instant
 
@@ -35,11 +35,14 @@ from goodlens.units import format_duration, parse_instant
               help="Cause recorded with the failure (hang, lost, node_failure, ...).")
 @click.option("--at", "at", help="When the run ended: epoch s, ISO time, +2h (into the run); "
                                  "default: its last activity plus its hang timeout.")
+@click.option("--hang-floor", type=Duration(), default="60s", show_default=True,
+              help="Shortest hang timeout, as `goodlens serve --hang-floor` (with --url, the "
+                   "collector's own).")
 @click.option("--force", is_flag=True,
               help="End it even though it is not silent past its timeout yet.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cause: str,
-            at: str | None, force: bool, as_json: bool) -> None:
+            at: str | None, hang_floor: float, force: bool, as_json: bool) -> None:
     """End a run in progress whose job is gone: record a failure at its last activity
     plus its hang timeout (what the live hang detector records), so its wall-clock stops.
 
@@ -47,7 +50,7 @@ def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cau
     racing store it once."""
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH or --url URL")
-    rep = _report(db, url, token, run_id)
+    rep = _report(db, url, token, run_id, hang_floor)
     if not rep["in_progress"]:
         raise click.ClickException(f"run {run_id!r} has already ended; nothing to do")
     quiet = rep["silence"]
@@ -74,7 +77,7 @@ def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cau
         stored = int((answer or {}).get("events_inserted", 0))
     else:
         stored = _write(db, doc)
-    after = _report(db, url, token, run_id)
+    after = _report(db, url, token, run_id, hang_floor)
     out = {"run": run_id, "attempt": attempt, "cause": cause, "time": when,
            "stored": bool(stored), "wall_clock_s": after["wall_clock_s"],
            "in_progress": after["in_progress"]}
@@ -86,12 +89,14 @@ def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cau
                f"wall-clock now {format_duration(after['wall_clock_s'])}")
 
 
-def _report(db: str | None, url: str | None, token: str | None, run_id: str) -> dict[str, Any]:
+def _report(db: str | None, url: str | None, token: str | None, run_id: str,
+            hang_floor_s: float) -> dict[str, Any]:
     if url:
         return _get_json(url.rstrip("/") + "/v1/report?" + urllib.parse.urlencode(
             {"run": run_id}), token)
     from goodlens.accounting import report_dict
-    return _read_run(db, run_id, report_dict)
+    return _read_run(db, run_id, lambda store, run: report_dict(store, run,
+                                                                 hang_floor_s=hang_floor_s))
 
 
 def _write(db: str, doc: dict[str, Any]) -> int:

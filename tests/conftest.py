@@ -11,8 +11,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,39 +44,34 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
         return status, raw.decode("utf-8", "replace")
 
 
-class Collector:
-    """A real `goodlens serve` process on a free loopback port."""
+class ServerProcess:
+    """A real goodlens server process on a free loopback port: started and waited for
+    until it answers its health check, killed (a crash) or stopped (SIGTERM)."""
 
-    def __init__(self, db: Path | str, *extra: str) -> None:
-        self.db = db  # a DuckDB file, or "parquet:DIR"
-        self.extra = extra
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-        where = Path(str(db).removeprefix("parquet:"))
-        self.log = where.with_name(f"{where.stem}-{self.port}.log")
+    what = "server"
+    log: Path
+    proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0) -> Collector:
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def healthy(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 30.0) -> Any:
         log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
-            [*GOODLENS, "serve", "--db", str(self.db), "--port", str(self.port),
-             "--log-level", "warning", *self.extra],
-            cwd=ROOT, stdout=log, stderr=log)
+        self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited: {self.log.read_text()}")
+                raise RuntimeError(f"{self.what} exited: {self.log.read_text()}")
             try:
-                if http("GET", self.url + "/healthz", timeout=1)[0] == 200:
+                if self.healthy():
                     return self
             except OSError:
                 pass
             time.sleep(0.05)
-        raise TimeoutError("collector did not start")
-
-    def sync(self) -> None:
-        status, _ = http("POST", self.url + "/v1/sync", b"")
-        assert status == 200
+        raise TimeoutError(f"{self.what} did not start")
 
     def kill(self) -> None:
         """SIGKILL: no flush, no cleanup (a crash)."""
@@ -92,6 +88,34 @@ class Collector:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+class Collector(ServerProcess):
+    """A real `goodlens serve` process on a free loopback port."""
+
+    what = "collector"
+
+    def __init__(self, db: Path | str, *extra: str) -> None:
+        self.db = db  # a DuckDB file, or "parquet:DIR"
+        self.extra = extra
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        where = Path(str(db).removeprefix("parquet:"))
+        self.log = where.with_name(f"{where.stem}-{self.port}.log")
+
+    def command(self) -> list[str]:
+        return [*GOODLENS, "serve", "--db", str(self.db), "--port", str(self.port),
+                "--log-level", "warning", *self.extra]
+
+    def healthy(self) -> bool:
+        return http("GET", self.url + "/healthz", timeout=1)[0] == 200
+
+    def start(self, timeout: float = 30.0) -> Collector:
+        return super().start(timeout)
+
+    def sync(self) -> None:
+        status, _ = http("POST", self.url + "/v1/sync", b"")
+        assert status == 200
 
 
 @pytest.fixture
@@ -117,6 +141,25 @@ def step_batch(run_id: str, rank: int, steps: list[int], attempt: int = 0, **ext
                      "collective_wait_s": [0.38 - 0.01 * rank] * n, "data_wait_s": [0.02] * n}}
     doc.update(extra)
     return doc
+
+
+def push_steps(c: Collector, run: str, steps: list[int], attempt: int = 0,
+               ranks: int = 4) -> None:
+    """Push ``steps`` of ``ranks`` ranks to collector ``c`` (JSON) and wait until stored."""
+    for rank in range(ranks):
+        body = json.dumps(step_batch(run, rank, steps, attempt=attempt)).encode()
+        assert http("POST", c.url + "/v1/ingest", body)[0] == 200
+    c.sync()
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 30.0) -> bool:
+    """Poll ``pred`` until it is true (True) or ``timeout`` seconds pass (False)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.3)
+    return False
 
 
 H = 3600.0

@@ -8,7 +8,6 @@ a live run's overview refreshes as data arrives; the token gate keeps the dashbo
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.parse
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.conftest import ROOT, Collector, http, step_batch
+from tests.conftest import ROOT, Collector, http, push_steps, wait_until
 
 pytestmark = pytest.mark.slow
 SAMPLES = ["sim-64", "demo"]
@@ -120,10 +119,7 @@ def test_live_run_refreshes(tmp_path: Path, dash_br) -> None:
     c = Collector(tmp_path / "live.duckdb", "--no-detect").start()
     try:
         def push(steps: list[int]) -> None:
-            for rank in range(4):
-                body = json.dumps(step_batch("live", rank, steps)).encode()
-                assert http("POST", c.url + "/v1/ingest", body)[0] == 200
-            c.sync()
+            push_steps(c, "live", steps)
         push(list(range(0, 20)))
         dash_br.server_url = c.url + "/runs/live"
         dash_br.wait_for_element("#headline-wall", timeout=30)
@@ -149,10 +145,7 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
     c = Collector(tmp_path / "zoom.duckdb", "--no-detect").start()
     try:
         def push(steps: list[int]) -> None:
-            for rank in range(4):
-                body = json.dumps(step_batch("live", rank, steps)).encode()
-                assert http("POST", c.url + "/v1/ingest", body)[0] == 200
-            c.sync()
+            push_steps(c, "live", steps)
         push(list(range(0, 60)))
         dash_br.server_url = c.url + "/runs/live"
         dash_br.wait_for_element("#series-graph .nsewdrag", timeout=30)
@@ -165,13 +158,13 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
         ActionChains(dash_br.driver).move_to_element_with_offset(drag, w // 4, h // 2) \
             .click_and_hold().move_by_offset(w // 8, 0).move_by_offset(w // 8, 0) \
             .release().perform()
-        assert _wait_for(lambda: dash_br.driver.execute_script(js + view)[0] != auto[0])
+        assert wait_until(lambda: dash_br.driver.execute_script(js + view)[0] != auto[0])
         zoomed = dash_br.driver.execute_script(js + view)
         first = dash_br.find_element("#headline-wall").get_attribute("title")
         push(list(range(60, 120)))
-        assert _wait_for(lambda: dash_br.find_element("#headline-wall").get_attribute(
+        assert wait_until(lambda: dash_br.find_element("#headline-wall").get_attribute(
             "title") != first), "the page did not refresh"
-        assert _wait_for(lambda: dash_br.driver.execute_script(js + view)[2] != zoomed[2]), \
+        assert wait_until(lambda: dash_br.driver.execute_script(js + view)[2] != zoomed[2]), \
             "the graph did not get the new data"
         time.sleep(1.5)  # a later tick (the version did not move) must not reset it either
         after = dash_br.driver.execute_script(js + view)
@@ -180,15 +173,6 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
         _no_console_errors(dash_br)
     finally:
         c.stop()
-
-
-def _wait_for(pred, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.3)
-    return False
 
 
 def test_token_gate(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from dashboard.data import RunData
 from goodlens.accounting import report_dict
 from goodlens.simconfig import SimConfig
 from goodlens.whatif import calibrate, what_if
-from tests.conftest import ROOT, Collector, http, step_batch
+from tests.conftest import ROOT, Collector, http, push_steps, wait_until
 
 T0 = 1_767_225_600.0
 
@@ -255,39 +255,23 @@ def test_cluster_preset_labels_say_what_the_cluster_is() -> None:
 
 
 # ---------------------------------------------------------------------------- browser, live
-def _push(c: Collector, run: str, steps: list[int], attempt: int = 0, ranks: int = 4) -> None:
-    for rank in range(ranks):
-        body = json.dumps(step_batch(run, rank, steps, attempt=attempt)).encode()
-        assert http("POST", c.url + "/v1/ingest", body)[0] == 200
-    c.sync()
-
-
-def _wait(pred, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.3)
-    return False
-
-
 @pytest.mark.slow
 # regression (found in review): the attempt dropdown is built once by route(); a live run's new
 # attempt never appears and the heatmap stays on the old one
 def test_ranks_page_follows_a_new_attempt(tmp_path: Path, dash_br) -> None:
     c = Collector(tmp_path / "live.duckdb", "--no-detect").start()
     try:
-        _push(c, "live", list(range(20)))
+        push_steps(c, "live", list(range(20)))
         dash_br.server_url = c.url + "/runs/live/ranks"
         dash_br.wait_for_contains_text("#rk-note", "of attempt 0", timeout=30)
         ev = {"schema_version": 1, "run_id": "live", "events": {
             "source": "launcher", "seq": [0, 1], "kind": ["attempt_end", "attempt_start"],
             "time": [1020.0, 1021.0], "attempt": [0, 1], "cause": ["failed", None]}}
         assert http("POST", c.url + "/v1/ingest", json.dumps(ev).encode())[0] == 200
-        _push(c, "live", list(range(20, 40)), attempt=1)
+        push_steps(c, "live", list(range(20, 40)), attempt=1)
         status, run = http("GET", c.url + "/v1/runs/live")
         assert status == 200 and [a["attempt"] for a in run["attempts"]] == [0, 1]
-        assert _wait(lambda: "of attempt 1" in dash_br.driver.execute_script(
+        assert wait_until(lambda: "of attempt 1" in dash_br.driver.execute_script(
             "var e=document.querySelector('#rk-note'); return e?e.innerText:''"))
     finally:
         c.stop()
@@ -301,7 +285,7 @@ def test_ranks_page_follows_a_new_attempt(tmp_path: Path, dash_br) -> None:
 def test_ranks_page_does_not_deny_the_live_detector(tmp_path: Path, dash_br) -> None:
     c = Collector(tmp_path / "live.duckdb").start()  # --detect is the default
     try:
-        _push(c, "healthy", list(range(60)))
+        push_steps(c, "healthy", list(range(60)))
         dash_br.server_url = c.url + "/runs/healthy/ranks"
         dash_br.wait_for_element("#findings-source", timeout=30)
         time.sleep(1)

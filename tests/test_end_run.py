@@ -93,6 +93,13 @@ def test_end_run_refuses_a_run_that_still_reports(tmp_path: Path) -> None:
     assert "no run 'x'" in run("end-run", "--db", db, "--run", "x", code=1).output
 
 
+def test_end_run_uses_the_hang_floor_it_is_given(tmp_path: Path) -> None:
+    db = _silent_store(tmp_path / "s.duckdb")
+    out = json.loads(run("end-run", "--db", db, "--run", "r", "--hang-floor", "5m",
+                         "--json").output)
+    assert out["time"] == 1020.0 + 300.0 and out["wall_clock_s"] == 320.0
+
+
 def test_end_run_through_a_collector(tmp_path: Path) -> None:
     c = Collector(tmp_path / "c.duckdb", "--no-detect").start()
     try:

@@ -24,49 +24,37 @@ from collector.ingest_arrow import CONTENT_TYPE as ARROW
 from collector.ingest_arrow import decode_arrow_batch, encode_arrow_batch
 from collector.relay import HostRelayTransport, merge_batches, relay_health
 from collector.store import Store
-from tests.conftest import ROOT, Collector, free_port, http, step_batch
+from tests.conftest import ROOT, Collector, ServerProcess, free_port, http, step_batch
 
 GOODLENS_CLI = [sys.executable, "-c", "from goodlens.cli import main; main(prog_name='goodlens')"]
 T0 = 1_767_225_600.0
 RANKS = 8
 
 
-class Relay:
+class Relay(ServerProcess):
     """A real `goodlens relay` process on a free loopback port."""
+
+    what = "relay"
 
     def __init__(self, tmp_path: Path, upstream: str, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"relay-{self.port}.log"
         self.args = ["relay", "--upstream", upstream, "--port", str(self.port), *extra]
-        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        return [*GOODLENS_CLI, *self.args]
+
+    def healthy(self) -> bool:
+        return relay_health(self.port, 0.5) is not None
 
     def start(self, timeout: float = 30.0) -> Relay:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([*GOODLENS_CLI, *self.args], cwd=ROOT, stdout=log,
-                                         stderr=log)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"relay exited: {self.log.read_text()}")
-            if relay_health(self.port, 0.5) is not None:
-                return self
-            time.sleep(0.05)
-        raise TimeoutError("relay did not start")
+        return super().start(timeout)
 
     def health(self) -> dict:
         status, body = http("GET", self.url + "/healthz")
         assert status == 200
         return body
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def ingest_batches(url: str) -> float:
