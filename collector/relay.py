@@ -622,22 +622,11 @@ def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning")
                              timeout_graceful_shutdown=2 * config.timeout_s + 1)
     server = uvicorn.Server(uconfig)
 
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                await task
-                return
-            await asyncio.sleep(0.02)
-        if ready is not None:
-            ready(server.servers[0].sockets[0].getsockname()[1])
-        while not task.done():
-            await asyncio.wait({task}, timeout=1.0)
-            if (config.idle_exit_s and relay.idle()
-                    and time.monotonic() - relay.last_push > config.idle_exit_s):
-                log.info("relay: no push for %.0f s; exiting", config.idle_exit_s)
-                server.should_exit = True
-        await task
+    def idle_exit() -> None:
+        if (config.idle_exit_s and relay.idle()
+                and time.monotonic() - relay.last_push > config.idle_exit_s):
+            log.info("relay: no push for %.0f s; exiting", config.idle_exit_s)
+            server.should_exit = True
 
     # uvicorn shuts down on SIGINT/SIGTERM, then re-raises the signal with the handler that
     # was there before it: make that one ask for the same clean stop (it also covers a
@@ -649,10 +638,28 @@ def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning")
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _stop)
     try:
-        asyncio.run(main())
+        asyncio.run(serve_until_exit(server, ready, idle_exit))
     finally:
         relay.close()
     return relay
+
+
+async def serve_until_exit(server: Any, ready: Any = None, tick: Any = None) -> None:
+    """Serve a ``uvicorn.Server`` until it exits: ``ready(port)`` once it accepts
+    connections (the bound port, for port 0), ``tick()`` about every second meanwhile."""
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+            return
+        await asyncio.sleep(0.02)
+    if ready is not None:
+        ready(server.servers[0].sockets[0].getsockname()[1])
+    while not task.done():
+        await asyncio.wait({task}, timeout=1.0)
+        if tick is not None:
+            tick()
+    await task
 
 
 # ----------------------------------------------------------------------------- exporter side

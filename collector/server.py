@@ -43,6 +43,7 @@ from collector.ingest import BatchError, decode_batch
 from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
 from collector.ingest_arrow import decode_arrow_batch
 from collector.metrics import make_registry
+from collector.relay import serve_until_exit
 from collector.store import Store
 from collector.store_parquet import open_store
 from collector.transport import is_loopback
@@ -285,22 +286,10 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -
         if ready is None:
             server.run()
         else:
-            asyncio.run(_serve_and_report(server, ready))
+            asyncio.run(serve_until_exit(server, ready))
     finally:
         if detection is not None:
             detection.stop()
         writer.stop()
         with contextlib.suppress(Exception):
             store.close()
-
-
-async def _serve_and_report(server: Any, ready: Any) -> None:
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            await task
-            return
-        await asyncio.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    ready(port)
-    await task

@@ -77,7 +77,7 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
         if ready is None:
             server.run()
         else:
-            from collector.server import _serve_and_report
-            asyncio.run(_serve_and_report(server, ready))
+            from collector.relay import serve_until_exit
+            asyncio.run(serve_until_exit(server, ready))
     finally:
         store.close()

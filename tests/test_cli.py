@@ -257,3 +257,32 @@ def test_plan_checkpoint_elastic_spares_and_measured(tmp_path):
     assert m["checkpoint_stall_s"] == pytest.approx(6.0, abs=0.05)
     assert "instead of" in m["summary"]
     assert "measured mode needs both" in run("plan", "--db", db, ok=False).output
+
+
+def test_dashboard_command_serves_a_store_file_read_only(tmp_path):
+    """`goodlens dashboard --port 0` says where it listens, serves the app over the file,
+    and stops cleanly on SIGTERM."""
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import GOODLENS, http
+    db = str(tmp_path / "s.duckdb")
+    run("import", SAMPLE, "--db", db)
+    proc = subprocess.Popen([*GOODLENS, "dashboard", "--db", db, "--port", "0"], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert m, line
+        url = f"http://127.0.0.1:{m.group(1)}"
+        status, body = http("GET", url + "/_dash-layout")
+        assert status == 200 and "gl-page" in json.dumps(body)
+        status, _ = http("GET", url + "/runs/demo-8x")
+        assert status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        t = time.monotonic()
+        assert proc.wait(30) == 0
+        assert time.monotonic() - t < 15
