@@ -560,10 +560,13 @@ class ParquetStore(Store):
                 continue  # a source vanished (another collector compacted it): next time
             finally:
                 cur.close()
-            _publish(tmp, folder, name, self._segment_name)
-            # the merged segment is left unseen: the next rescan marks its steps dirty, so
-            # sources this reader had not summarised yet are covered too
+            final = _publish(tmp, folder, name, self._segment_name)
             with self._lock:
+                # merged from segments all seen (their steps dirty or summarised already):
+                # seen too, no need to summarise the hour again. Otherwise it is left
+                # unseen, and the next rescan marks its steps dirty.
+                if table == "steps" and all(str(f) in self._seen for f in files):
+                    self._seen.add(final)
                 self._doomed.append((time.monotonic(), [str(f) for f in files]))
             merged += 1
         return merged

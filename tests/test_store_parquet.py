@@ -355,3 +355,28 @@ def test_a_reader_that_had_to_summarise_for_long_leaves_a_checkpoint(tmp_path: P
         first.close()
         second.close()
         w._con.close()
+
+
+def test_compacting_seen_segments_does_not_summarise_them_again(tmp_path: Path) -> None:
+    """A collector merging segments it has summarised marks the merged one seen: the next
+    pass summarises nothing, and the answers equal a full rebuild. A reader that did not
+    merge them recomputes those steps once, exactly."""
+    from collector.ingest import validate_batch
+    w = ParquetStore(tmp_path / "d", writer_id="w", grace_s=0.0)
+    reader = ParquetStore(tmp_path / "d", read_only=True, rescan_every_s=0.0)
+    try:
+        for s in range(0, 100, 10):
+            w.write_group([validate_batch(step_batch("r", k, list(range(s, s + 10))))
+                           for k in range(4)])
+        w.summarize_dirty()
+        reader.summarize_dirty()
+        assert w.compact(min_files=2) == 1
+        assert w.summarize_dirty() == 0
+        assert reader.summarize_dirty() == 100  # it sees a new segment: recomputed
+        full = ParquetStore(tmp_path / "d", read_only=True, use_checkpoints=False)
+        _same_summaries(w, full, "r")
+        _same_summaries(reader, full, "r")
+        full.close()
+    finally:
+        reader.close()
+        w.close()
