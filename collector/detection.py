@@ -11,7 +11,9 @@ and acts on what they find, so a launcher can evict a slow node while the run go
 - each new finding is stored as a ``straggler_flagged`` event (through the single writer;
   its key is derived from the finding, so a restarted collector re-finding it adds nothing),
   shown on ``/metrics`` (series only for flagged subjects: a bounded set), and pushed once
-  to an optional webhook (JSON POST) and an optional Python callback.
+  to an optional webhook (JSON POST) and an optional Python callback: only when its event
+  was new to the store, so a restarted collector replaying history, or a second collector
+  on the same Parquet dataset, does not push it again.
 
 A step is processed once a later step has been summarised (its ranks have reported); ranks
 still missing then are treated as not reporting (NaN), which the detector tolerates.
@@ -186,38 +188,44 @@ class DetectionService:
             return
         with self._lock:
             self.findings.setdefault(run_id, []).append(f)
-        if self.writer is not None:
-            source = f"detector/{f.attempt}/{f.subject_kind}/{f.subject_id}/{f.first_step}"
-            event = {"source": source, "seq": [0], "kind": ["straggler_flagged"],
-                     "time": [self._time_of(run_id, f)], "attempt": f.attempt or 0,
-                     "step": [f.first_step], "label": [f"{f.subject_kind}:{f.subject_id}"],
-                     "detail": [json.dumps(body, default=float)]}
-            if f.subject_kind == "rank":
-                event["rank"] = [int(f.subject_id)]
-            elif f.subject_kind == "host":
-                event["host"] = [str(f.subject_id)]
-            try:
-                self.writer.submit(validate_batch({"schema_version": SCHEMA_VERSION,
-                                                   "run_id": run_id, "events": event}))
-            except Exception:
-                log.exception("storing a finding of run %s failed", run_id)
-        self._notify(run_id, f, body)
+        source = f"detector/{f.attempt}/{f.subject_kind}/{f.subject_id}/{f.first_step}"
+        event = {"source": source, "seq": [0], "kind": ["straggler_flagged"],
+                 "time": [self._time_of(run_id, f)], "attempt": f.attempt or 0,
+                 "step": [f.first_step], "label": [f"{f.subject_kind}:{f.subject_id}"],
+                 "detail": [json.dumps(body, default=float)]}
+        if f.subject_kind == "rank":
+            event["rank"] = [int(f.subject_id)]
+        elif f.subject_kind == "host":
+            event["host"] = [str(f.subject_id)]
+        if self._store(run_id, event):
+            self._notify(run_id, f, body)
 
     def _publish_hang(self, run_id: str, f: HangFinding, body: dict) -> None:
         attempt = max(a for r, a in self._hung if r == run_id)
-        log.warning("run %s attempt %d: no rank has finished a step for %.0f s (timeout "
-                    "%.0f s): recorded as a hang", run_id, attempt, f.silent_s, f.timeout_s)
-        if self.writer is not None:
-            event = {"source": f"detector/hang/{attempt}", "seq": [0],
-                     "kind": ["failure_detected"], "time": [f.last_seen + f.timeout_s],
-                     "attempt": attempt, "cause": ["hang"],
-                     "detail": [json.dumps(body, default=float)]}
-            try:
-                self.writer.submit(validate_batch({"schema_version": SCHEMA_VERSION,
-                                                   "run_id": run_id, "events": event}))
-            except Exception:
-                log.exception("storing a hang of run %s failed", run_id)
-        self._notify(run_id, f, {"kind": "hang", "attempt": attempt, **body})
+        event = {"source": f"detector/hang/{attempt}", "seq": [0],
+                 "kind": ["failure_detected"], "time": [f.last_seen + f.timeout_s],
+                 "attempt": attempt, "cause": ["hang"],
+                 "detail": [json.dumps(body, default=float)]}
+        if self._store(run_id, event):
+            log.warning("run %s attempt %d: no rank has finished a step for %.0f s (timeout "
+                        "%.0f s): recorded as a hang", run_id, attempt, f.silent_s,
+                        f.timeout_s)
+            self._notify(run_id, f, {"kind": "hang", "attempt": attempt, **body})
+
+    def _store(self, run_id: str, event: dict) -> bool:
+        """Store a finding's event (keyed by the finding) and say whether it is new: a
+        restarted collector re-finding what it stored before, or a second collector on
+        the same dataset storing it after the first, pushes nothing again. Without a
+        writer, or when the store cannot say, every finding counts as new."""
+        if self.writer is None:
+            return True
+        try:
+            fut = self.writer.submit(validate_batch({"schema_version": SCHEMA_VERSION,
+                                                     "run_id": run_id, "events": event}))
+            return fut.result(timeout=30).events_inserted > 0
+        except Exception:
+            log.exception("storing a finding of run %s failed", run_id)
+            return True
 
     def _notify(self, run_id: str, f: Any, body: dict) -> None:
         if self.callback is not None:

@@ -41,8 +41,11 @@ def test_the_service_flags_the_demo_straggler_once_and_stores_it(tmp_path):
         assert get("goodlens_run_ranks_flagged", {"run": "demo-8x"}) == 1
         assert 0.05 < get("goodlens_straggler_slowdown_ratio", {
             "run": "demo-8x", "kind": "rank", "subject": "5", "action": "evict"}) < 0.15
-        # a second service (a restarted collector) finds it again but stores nothing new
-        DetectionService(store, writer).poll_once()
+        # a second service (a restarted collector) finds it again but stores nothing new,
+        # and pushes nothing (its callback and webhook stay quiet)
+        again = []
+        second = DetectionService(store, writer, callback=lambda r, f: again.append(f))
+        assert len(second.poll_once()) == 1 and again == []
         writer.sync()
         assert len(store.events("demo-8x", kinds=["straggler_flagged"])) == 1
     finally:
@@ -78,6 +81,14 @@ def test_live_collector_pushes_each_finding_once_to_the_webhook(tmp_path):
         _, text = http("GET", c.url + "/metrics")
         assert 'goodlens_straggler_slowdown_ratio{action="evict",kind="rank",run="demo-8x",' \
                'subject="5"}' in text
+        # a restarted collector re-reads the run and re-finds rank 5: no second push
+        c.stop()
+        c = Collector(tmp_path / "live.duckdb", "--webhook",
+                      f"http://127.0.0.1:{hook.server_port}/evict").start()
+        time.sleep(5)  # two detection passes at least
+        _, text = http("GET", c.url + "/metrics")
+        assert 'run="demo-8x",subject="5"' in text  # found again (its /metrics series)
+        assert len(received) == 1, received
     finally:
         c.stop()
         hook.shutdown()
@@ -129,3 +140,28 @@ def test_a_live_run_that_stops_stepping_is_recorded_as_a_hang_once(tmp_path):
     finally:
         writer.stop()
         store.close()
+
+
+def test_two_collectors_on_one_dataset_push_a_finding_once(tmp_path):
+    """Each collector's detector sees the whole Parquet dataset and finds the straggler;
+    the second to store it finds its event already there and pushes nothing."""
+    from collector.store_parquet import ParquetStore
+    a = ParquetStore(tmp_path / "d", writer_id="a")
+    import_trace(a, SAMPLE)
+    b = ParquetStore(tmp_path / "d", writer_id="b")
+    wa, wb = Writer(a).start(), Writer(b).start()
+    pushed: list[tuple[str, int]] = []
+    try:
+        sa = DetectionService(a, wa, callback=lambda r, f: pushed.append(("a", f.subject_id)))
+        sb = DetectionService(b, wb, callback=lambda r, f: pushed.append(("b", f.subject_id)))
+        assert len(sa.poll_once()) == 1
+        assert len(sb.poll_once()) == 1  # found by both
+        assert pushed == [("a", 5)]  # pushed by the first only
+        reader = ParquetStore(tmp_path / "d", read_only=True)
+        assert len(reader.events("demo-8x", kinds=["straggler_flagged"])) == 1
+        reader.close()
+    finally:
+        wa.stop()
+        wb.stop()
+        a.close()
+        b.close()
