@@ -17,7 +17,6 @@ from urllib.parse import unquote
 import dash
 from dash import Input, Output, State, dcc, html
 
-from dashboard import figures as fig
 from dashboard import pages
 from dashboard.data import DashConfig, RunData
 
@@ -97,12 +96,10 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         """A page that redraws on the timer only when its run's version moved: ``build``
         gives the values of ``outputs`` for a run id (the first output says when the run
         is gone)."""
-        graphs = _figure_states(outputs)
-
         @app.callback(*outputs, Output(f"{page}-version", "data"),
                       Input("tick", "n_intervals"), Input("url", "pathname"),
-                      State(f"{page}-version", "data"), *graphs)
-        def refresh(_: Any, pathname: str | None, shown: Any, *figures: Any) -> tuple:
+                      State(f"{page}-version", "data"))
+        def refresh(_: Any, pathname: str | None, shown: Any) -> tuple:
             n = len(outputs)
             kind, run_id = parse_path(pathname)
             if kind != page or run_id is None:
@@ -113,7 +110,7 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
             live = dash.ctx.triggered_id == "tick"
             if shown is not None and list(v) == list(shown) and live:
                 return (NO,) * (n + 1)
-            return (*_kept(outputs, build(run_id), figures if live else ()), list(v))
+            return (*_to_graphs(outputs, build(run_id), live), list(v))
 
     refreshing("checkpoints", [Output("checkpoints-body", "children")],
                lambda r: (pages.checkpoints_body(data.checkpoints(r)),))
@@ -123,19 +120,22 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         parts = pages.overview_parts(data.overview(run_id))
         return tuple(parts[i] for i in (*pages.OVERVIEW_DIVS, *pages.OVERVIEW_GRAPHS))
     refreshing("overview", [Output(i, "children") for i in pages.OVERVIEW_DIVS]
-               + [Output(i, "figure") for i in pages.OVERVIEW_GRAPHS], overview)
+               + [Output(f"{i}-next", "data") for i in pages.OVERVIEW_GRAPHS], overview)
 
     rk_outputs = [Output(i, "children") for i in pages.RANKS_DIVS] + \
-        [Output(i, "figure") for i in pages.RANKS_GRAPHS]
+        [Output(f"{i}-next", "data") for i in pages.RANKS_GRAPHS]
+    for gid in (*pages.OVERVIEW_GRAPHS, *pages.RANKS_GRAPHS):
+        app.clientside_callback(
+            dash.ClientsideFunction(namespace="goodlens", function_name="keepView"),
+            Output(gid, "figure"), Input(f"{gid}-next", "data"), State(gid, "figure"))
 
     @app.callback(*rk_outputs, Output("ranks-version", "data"),
                   Output("ranks-attempt", "options"),
                   Input("tick", "n_intervals"), Input("url", "pathname"),
                   Input("ranks-attempt", "value"), Input("ranks-pool", "value"),
-                  Input("ranks-span", "value"), State("ranks-version", "data"),
-                  *_figure_states(rk_outputs))
+                  Input("ranks-span", "value"), State("ranks-version", "data"))
     def ranks_page(_: Any, pathname: str | None, attempt: Any, pool: str, span: str,
-                   shown: Any, *figures: Any) -> tuple:
+                   shown: Any) -> tuple:
         n = len(rk_outputs)
         kind, run_id = parse_path(pathname)
         if kind != "ranks" or run_id is None:
@@ -152,7 +152,7 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         values = [parts[i] for i in (*pages.RANKS_DIVS, *pages.RANKS_GRAPHS)]
         live = dash.ctx.triggered_id == "tick"
         # "latest" follows a live run into its next attempt; the list grows with it
-        return (*_kept(rk_outputs, values, figures if live else ()), key,
+        return (*_to_graphs(rk_outputs, values, live), key,
                 pages.attempt_options(rk["attempts"]))
 
     @app.callback(Output("whatif-form", "children"), Input("url", "pathname"))
@@ -197,23 +197,11 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     return app
 
 
-def _figure_states(outputs: list[Output]) -> list[State]:
-    """The shown figure of each graph among ``outputs`` (what the user zoomed)."""
-    return [State(o.component_id, "figure") for o in outputs
-            if o.component_property == "figure"]
-
-
-def _kept(outputs: list[Output], values: Any, shown: tuple) -> list[Any]:
-    """``values`` for ``outputs``, each new figure keeping the view of the one shown
-    (``shown``: the graphs' figures in output order; empty when not a live redraw)."""
-    values = list(values)
-    if not shown:
-        return values
-    graphs = iter(shown)
-    for i, o in enumerate(outputs):
-        if o.component_property == "figure":
-            values[i] = fig.keep_view(values[i], next(graphs))
-    return values
+def _to_graphs(outputs: list[Output], values: Any, live: bool) -> list[Any]:
+    """``values`` for ``outputs``; a figure bound for a graph's ``-next`` store is wrapped
+    with whether the browser should keep the user's view (``live``: a timer redraw)."""
+    return [{"figure": v, "keep": live} if o.component_id.endswith("-next") else v
+            for o, v in zip(outputs, values)]
 
 
 def _loading(child: Any) -> Any:

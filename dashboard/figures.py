@@ -286,32 +286,6 @@ def whatif_figure(result: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def keep_view(new: go.Figure, shown: dict[str, Any] | None) -> go.Figure:
-    """``new`` with the view the user set on the figure now shown: zoomed or panned axes
-    and traces hidden from the legend.
-
-    ``uirevision`` alone does not keep them across a live redraw under Dash 4: the graph
-    writes the user's zoom back into its ``figure`` prop (``xaxis.range`` with
-    ``autorange: false``), so the next figure, which has no range, differs from the input
-    Plotly saw last and wins (found with a real mouse drag in Chromium). The user's axes
-    are the ones with ``autorange`` false in the shown figure; a double-click (autorange
-    again) hands the axis back to the data.
-    """
-    if not shown:
-        return new
-    layout = shown.get("layout") or {}
-    for key, axis in layout.items():
-        if (key.startswith(("xaxis", "yaxis")) and isinstance(axis, dict)
-                and axis.get("autorange") is False and axis.get("range") is not None):
-            new.update_layout({key: {"range": axis["range"], "autorange": False}})
-    hidden = {t.get("name") for t in shown.get("data") or ()
-              if t.get("visible") == "legendonly" and t.get("name")}
-    if hidden:
-        new.for_each_trace(lambda t: t.update(visible="legendonly"),
-                           selector=lambda t: t.name in hidden)
-    return new
-
-
 def _fmt(v: float | None) -> str:
     return "not measured" if v is None else format_duration(v)
 

@@ -147,6 +147,15 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
             "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end)}
 
 
+def live_graph(gid: str, figure: Any = None) -> html.Div:
+    """A graph a live refresh redraws: the server sends each new figure to the store
+    ``<gid>-next`` as ``{"figure", "keep"}``, and a function in the browser
+    (``assets/keep_view.js``) puts it on the graph, keeping the user's zoom and hidden
+    traces when ``keep`` (a timer redraw). The shown figure never travels to the server."""
+    return html.Div([dcc.Store(id=f"{gid}-next"),
+                     dcc.Graph(id=gid, **({"figure": figure} if figure is not None else {}))])
+
+
 #: The overview's parts: the Divs a refresh fills, and the graphs whose figure it replaces
 #: (the graphs stay mounted, so a live redraw keeps the user's zoom).
 OVERVIEW_DIVS = ("ov-cards", "ov-buckets", "ov-attempts")
@@ -157,8 +166,8 @@ def overview_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
     """The overview's layout, empty or filled with :func:`overview_parts`."""
     p = parts or {}
 
-    def graph(gid: str) -> dcc.Graph:
-        return dcc.Graph(id=gid, **({"figure": p[gid]} if gid in p else {}))
+    def graph(gid: str) -> html.Div:
+        return live_graph(gid, p.get(gid))
     return html.Div([
         html.Div(p.get("ov-cards"), id="ov-cards"),
         html.Div([html.Div(p.get("ov-buckets"), id="ov-buckets", className="gl-col"),
@@ -249,8 +258,8 @@ def ranks_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
     """The ranks page's layout, empty or filled with :func:`ranks_parts`."""
     p = parts or {}
 
-    def graph(gid: str) -> dcc.Graph:
-        return dcc.Graph(id=gid, **({"figure": p[gid]} if gid in p else {}))
+    def graph(gid: str) -> html.Div:
+        return live_graph(gid, p.get(gid))
     return html.Div([
         html.P(p.get("rk-note"), className="gl-note", id="rk-note"),
         graph("heatmap-graph"),

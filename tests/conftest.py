@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -141,6 +142,25 @@ def step_batch(run_id: str, rank: int, steps: list[int], attempt: int = 0, **ext
                      "collective_wait_s": [0.38 - 0.01 * rank] * n, "data_wait_s": [0.02] * n}}
     doc.update(extra)
     return doc
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process, everything it started and its process group. torchrun's workers
+    run in sessions of their own: killing torchrun's group alone left them (a hung rank and
+    its peers waiting in a collective) running after the test."""
+    import psutil
+    if proc.poll() is None:
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
+        for p in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        psutil.wait_procs(family, timeout=10)
 
 
 def push_steps(c: Collector, run: str, steps: list[int], attempt: int = 0,

@@ -341,26 +341,3 @@ def test_heatmap_scans_the_latest_steps_unless_asked_for_all(tmp_path: Path) -> 
     finally:
         store.close()
 
-
-def test_keep_view_carries_only_what_the_user_set() -> None:
-    """A live redraw keeps axes the user zoomed (autorange false in the shown figure) and
-    traces hidden from the legend; axes still on autorange follow the new data."""
-    new = fig.goodput_series_figure(pd.DataFrame({
-        "time": [1000.0, 2000.0], **{b: [0.5, 0.5] if b == "productive" else [0.0, 0.0]
-                                     for b in BUCKETS}}))
-    shown = {"layout": {"xaxis": {"range": ["1970-01-01 00:20", "1970-01-01 00:25"],
-                                  "autorange": False},
-                        "yaxis": {"range": [0, 100], "autorange": True}},
-             "data": [{"name": "productive", "visible": "legendonly"}]}
-    kept = fig.keep_view(new, shown)
-    assert list(kept.layout.xaxis.range) == ["1970-01-01 00:20", "1970-01-01 00:25"]
-    assert kept.layout.xaxis.autorange is False
-    assert list(kept.layout.yaxis.range) == [0, 100]  # the builder's own range, untouched
-    hidden = [t.name for t in kept.data if t.visible == "legendonly"]
-    assert hidden == ["productive"]
-    # nothing shown yet (first draw), or the user double-clicked back to autorange
-    assert fig.keep_view(fig.goodput_series_figure(pd.DataFrame({"time": [1.0], **{
-        b: [0.0] for b in BUCKETS}})), None).layout.xaxis.range is None
-    again = fig.keep_view(fig.empty_figure("x"), {"layout": {"xaxis": {"autorange": True,
-                                                                         "range": [0, 1]}}})
-    assert again.layout.xaxis.range is None

@@ -138,9 +138,10 @@ def test_live_run_refreshes(tmp_path: Path, dash_br) -> None:
 
 
 def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
-    """Zoom (a real mouse drag) on the rolling-goodput graph of a live run, let new data
-    redraw the page: the graph shows the new data and the same x range. (Under Dash 4
-    ``uirevision`` alone lost the zoom at every redraw.)"""
+    """Zoom (a real mouse drag) on the rolling-goodput graph of a live run and hide a trace
+    from its legend (a real click), let new data redraw the page: the graph shows the new
+    data, the same x range and the same hidden trace. (Under Dash 4 ``uirevision`` alone
+    lost the zoom at every redraw.)"""
     from selenium.webdriver.common.action_chains import ActionChains
     c = Collector(tmp_path / "zoom.duckdb", "--no-detect").start()
     try:
@@ -160,6 +161,11 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
             .release().perform()
         assert wait_until(lambda: dash_br.driver.execute_script(js + view)[0] != auto[0])
         zoomed = dash_br.driver.execute_script(js + view)
+        # hide a bucket from the legend (a real click on its first legend entry)
+        dash_br.find_element("#series-graph .legend .traces .legendtoggle").click()
+        hidden = js + "return g.data.filter(t => t.visible === 'legendonly').map(t => t.name)"
+        assert wait_until(lambda: len(dash_br.driver.execute_script(hidden)) == 1)
+        gone = dash_br.driver.execute_script(hidden)  # the top legend entry: stacked last
         first = dash_br.find_element("#headline-wall").get_attribute("title")
         push(list(range(60, 120)))
         assert wait_until(lambda: dash_br.find_element("#headline-wall").get_attribute(
@@ -170,6 +176,7 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
         after = dash_br.driver.execute_script(js + view)
         assert after[0] == zoomed[0], f"zoom lost: {zoomed[0]} -> {after[0]}"
         assert after[1] == [0, 100]
+        assert dash_br.driver.execute_script(hidden) == gone, "legend choice lost"
         _no_console_errors(dash_br)
     finally:
         c.stop()

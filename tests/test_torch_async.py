@@ -20,8 +20,6 @@ Each process runs in its own session under a timeout, on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -173,8 +171,8 @@ def _run(cmd: list[str], log: Path, timeout: float, cwd: Path = ROOT,
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        from tests.conftest import kill_tree
+        kill_tree(proc)
         pytest.fail(f"timed out: {log.read_text()[-3000:]}")
     assert proc.returncode == 0, log.read_text()[-3000:]
 

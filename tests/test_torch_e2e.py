@@ -9,8 +9,6 @@ is killed as a group, so no stray rank outlives a test.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GOODLENS, ROOT, Collector, Prometheus, http
+from tests.conftest import GOODLENS, ROOT, Collector, Prometheus, http, kill_tree
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -39,16 +37,12 @@ def torchrun(tmp_path: Path, url: str, run_id: str, *args: str, restarts: int = 
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            kill_group(proc)
+            kill_tree(proc)
             pytest.fail(f"torchrun timed out: {(tmp_path / f'{run_id}.log').read_text()[-3000:]}")
         assert proc.returncode == 0, (tmp_path / f"{run_id}.log").read_text()[-3000:]
     return proc
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def report(db: Path, run_id: str) -> dict:
@@ -133,7 +127,7 @@ def test_prometheus_scrapes_the_goodput_of_a_live_run(tmp_path):
         assert 0 < float(result[0]["value"][1]) <= 1
         assert result[0]["metric"]["job"] == "goodlens"
     finally:
-        kill_group(run)
+        kill_tree(run)
         prom.stop()
         c.stop()
 
@@ -156,7 +150,7 @@ def test_a_hung_rank_is_recorded_as_a_hang_within_the_adaptive_timeout(tmp_path)
         assert reason == "failed", "the collector did not record the hang in time"
         assert run.poll() is None, "torchrun ended instead of hanging"
     finally:
-        kill_group(run)
+        kill_tree(run)
         c.stop()
     store = Store(c.db, read_only=True)
     try:
