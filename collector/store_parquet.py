@@ -35,18 +35,18 @@ the dashboard therefore work on either backend.
 
 Summaries are checkpointed so that opening a dataset does not re-read every raw row::
 
-    DIR/summaries/<writer>-<token>-<n>.parquet    step_summaries, and the step segments
-                                                  they cover (in the file's metadata)
+    DIR/summaries/run_id=<run>/<writer>-<token>-<n>.parquet   the run's step_summaries, and
+                                          the run's step segments they cover (file metadata)
 
-A writable store saves one every ``summary_every_s`` (or less often when saving would take
-over 2% of the time) and when it closes; a reader saves one when its open had to summarise
-for long. Opening loads the checkpoint that covers the most
-step segments still present and summarises only the step ranges of the others (new ones,
-and compacted ones: a compaction's merged segment is new, so its steps are recomputed). It
-is exact because a segment enters a checkpoint's list only after its step ranges were
-marked dirty, and the list is taken before the summarising pass that clears them; a step
-summarised over more rows than the list names is recomputed from the views when those rows'
-segment turns up as uncovered.
+A writable store saves, every ``summary_every_s`` (or less often when saving would take
+over 2% of the time) and when it closes, one checkpoint for each run with new segments (a
+finished run is not rewritten); a reader saves them when its open had to summarise for
+long. Opening loads, per run, the checkpoint that covers the most of its step segments
+still present and summarises only the step ranges of the others (new ones, and compacted
+ones another store merged). It is exact because a segment enters a checkpoint's list only
+after its step ranges were marked dirty, and the list is taken before the summarising pass
+that clears them; a step summarised over more rows than the list names is recomputed from
+the views when those rows' segment turns up as uncovered.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ import uuid
 import zlib
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import duckdb
 import numpy as np
@@ -156,8 +156,8 @@ class ParquetStore(Store):
         self._last_scan = 0.0
         self._last_compact = time.monotonic()
         self.summary_every_s = summary_every_s
-        self._saved: set[str] | None = None  # what the last checkpoint saved covered
-        self._summarised: set[str] | None = None  # what the last summarising pass covered
+        self._saved: dict[str, set[str]] = {}  # per run folder: what its last checkpoint covered
+        self._summarised: dict[str, set[str]] | None = None  # what the last pass covered
         self._last_save = time.monotonic()
         self._save_s = 0.0  # how long the last save took
         self._define_views()
@@ -165,8 +165,8 @@ class ParquetStore(Store):
         self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         t = time.perf_counter()
         #: how this open went: the checkpoint it started from and the steps it summarised
-        self.open_stats: dict[str, Any] = {"checkpoint": self._load_summaries()
-                                           if use_checkpoints else None}
+        self.open_stats: dict[str, Any] = {"checkpoints": self._load_summaries()
+                                           if use_checkpoints else 0}
         self.open_stats["steps_summarised"] = self.summarize_dirty()
         self.open_stats["seconds"] = round(time.perf_counter() - t, 3)
         if read_only and use_checkpoints and self.open_stats["seconds"] >= save_after_open_s:
@@ -422,17 +422,26 @@ class ParquetStore(Store):
         return super().has_dirty() or self.external_changes()
 
     # ------------------------------------------------------------------ checkpoints
-    def _covered(self) -> set[str]:
-        """The step segments this store has marked dirty or summarised."""
+    def _covered(self) -> dict[str, set[str]]:
+        """The step segments this store has marked dirty or summarised, by run folder
+        (``run_id=<encoded id>``)."""
         prefix = str(self.root / "steps") + os.sep
         with self._lock:
-            return {f for f in self._seen if f.startswith(prefix)}
+            files = [f for f in self._seen if f.startswith(prefix)]
+        out: dict[str, set[str]] = {}
+        for f in files:
+            out.setdefault(Path(f).parent.parent.name, set()).add(f)
+        return out
 
-    def _checkpoints(self) -> list[tuple[Path, set[str]]]:
-        """Each readable summary checkpoint and the step segments (absolute paths) it
-        covers; unreadable or other-version ones are skipped."""
+    def _present(self, key: str = "*") -> set[str]:
+        return {str(p) for p in (self.root / "steps").glob(f"{key}/*/*.parquet")}
+
+    def _checkpoints(self, key: str = "*") -> list[tuple[Path, str, set[str]]]:
+        """Each readable summary checkpoint (of run folder ``key``, default all): its path,
+        its run folder and the step segments (absolute paths) it covers; unreadable or
+        other-version ones are skipped."""
         found = []
-        for path in sorted((self.root / "summaries").glob("*.parquet")):
+        for path in sorted((self.root / "summaries").glob(f"{key}/*.parquet")):
             try:
                 meta = pq.read_schema(path).metadata or {}
                 if meta.get(_CKPT_VERSION) != str(SCHEMA_VERSION).encode():
@@ -440,71 +449,82 @@ class ParquetStore(Store):
                 names = json.loads(zlib.decompress(base64.b64decode(meta[_COVERS])))
             except (OSError, KeyError, ValueError, zlib.error, pa.ArrowException):
                 continue  # removed meanwhile, torn by hand, or not ours
-            found.append((path, {str(self.root / n) for n in names}))
+            found.append((path, path.parent.name, {str(self.root / n) for n in names}))
         return found
 
-    def _load_summaries(self) -> str | None:
-        """Start from the checkpoint covering the most step segments still present: its
-        summaries, and its segments as seen. Returns its path (None: none usable)."""
-        present = {str(p) for p in (self.root / "steps").glob("*/*/*.parquet")}
-        ranked = sorted(((len(cov & present), path.name, path, cov & present)
-                         for path, cov in self._checkpoints()), reverse=True)
+    def _load_summaries(self) -> int:
+        """For each run, start from the checkpoint covering the most of its step segments
+        still present: its summaries, and its segments as seen. Returns how many
+        checkpoints were loaded (one per run at most)."""
+        present = self._present()
         cols = [r[0] for r in self._con.execute("DESCRIBE step_summaries").fetchall()]
-        for hits, _, path, cov in ranked:
-            if not hits:
+        by_run: dict[str, list[tuple]] = {}
+        for path, key, cov in self._checkpoints():
+            by_run.setdefault(key, []).append((len(cov & present), path.name, path,
+                                               cov & present))
+        loaded = 0
+        for key, ranked in by_run.items():
+            for hits, _, path, cov in sorted(ranked, reverse=True):
+                if not hits:
+                    break
+                try:
+                    t = pq.read_table(path)
+                except (OSError, pa.ArrowException):
+                    continue  # pruned by its writer meanwhile: the next best
+                if t.column_names != cols:
+                    continue
+                self._con.register("_ckpt", t)
+                try:
+                    self._con.execute("INSERT INTO step_summaries SELECT * FROM _ckpt")
+                finally:
+                    self._con.unregister("_ckpt")
+                with self._lock:
+                    self._seen |= cov
+                self._saved[key] = set(cov)
+                loaded += 1
                 break
-            try:
-                t = pq.read_table(path)
-            except (OSError, pa.ArrowException):
-                continue  # pruned by its writer meanwhile: the next best
-            if t.column_names != cols:
-                continue
-            self._con.register("_ckpt", t)
-            try:
-                self._con.execute("INSERT INTO step_summaries SELECT * FROM _ckpt")
-            finally:
-                self._con.unregister("_ckpt")
-            with self._lock:
-                self._seen = set(cov)
-            self._saved = set(cov)
-            return str(path)
-        return None
+        return loaded
 
     def save_summaries(self, con: duckdb.DuckDBPyConnection | None = None,
-                       best_effort: bool = False) -> str | None:
-        """Checkpoint the summaries of the last summarising pass with the step segments it
-        covered (nothing when that changed nothing since the last one); removes, after
-        the grace period, older checkpoints this one supersedes. Returns its path.
+                       best_effort: bool = False) -> list[str]:
+        """Checkpoint, for each run whose covered step segments changed since its last
+        checkpoint, the summaries of the last summarising pass with those segments (a run
+        with nothing new is not rewritten); removes, after the grace period, that run's
+        older checkpoints the new one supersedes. Returns the paths written.
         ``best_effort``: a reader on a dataset it may not write gives up quietly."""
-        covered = self._summarised
         self._last_save = started = time.monotonic()
-        if covered is None or covered == self._saved:
-            return None
+        covered = self._summarised or {}
+        changed = {k: c for k, c in covered.items() if c != self._saved.get(k)}
+        written: list[str] = []
         cur = (con or self._con).cursor()
         try:
-            t = cur.sql("SELECT * FROM step_summaries ORDER BY run_id, attempt, step"
-                        ).to_arrow_table()
+            for key, files in sorted(changed.items()):
+                t = cur.sql("SELECT * FROM step_summaries WHERE run_id = $run "
+                            "ORDER BY attempt, step",
+                            params={"run": unquote(key.split("=", 1)[1])}).to_arrow_table()
+                names = sorted(os.path.relpath(f, self.root) for f in files)
+                t = t.replace_schema_metadata({
+                    _CKPT_VERSION: str(SCHEMA_VERSION).encode(),
+                    _COVERS: base64.b64encode(zlib.compress(json.dumps(names).encode()))})
+                try:
+                    path = self._write_segment(self.root / "summaries" / key, t)
+                except OSError:
+                    if best_effort:
+                        break
+                    raise
+                self._saved[key] = files
+                written.append(path)
+                if not self.read_only:
+                    present = self._present(key)
+                    old = [str(p) for p, _, cov in self._checkpoints(key)
+                           if str(p) != path and (cov & present) <= files]
+                    with self._lock:
+                        self._doomed.append((time.monotonic(), old))
         finally:
             cur.close()
-        names = sorted(os.path.relpath(f, self.root) for f in covered)
-        t = t.replace_schema_metadata({
-            _CKPT_VERSION: str(SCHEMA_VERSION).encode(),
-            _COVERS: base64.b64encode(zlib.compress(json.dumps(names).encode()))})
-        try:
-            path = self._write_segment(self.root / "summaries", t)
-        except OSError:
-            if best_effort:
-                return None
-            raise
-        self._saved = covered
-        if not self.read_only:
-            present = {str(p) for p in (self.root / "steps").glob("*/*/*.parquet")}
-            old = [str(p) for p, cov in self._checkpoints()
-                   if str(p) != path and (cov & present) <= covered]
-            with self._lock:
-                self._doomed.append((time.monotonic(), old))
-        self._save_s = time.monotonic() - started
-        return path
+        if written:
+            self._save_s = time.monotonic() - started
+        return written
 
     # ------------------------------------------------------------------ compaction
     def compact(self, min_files: int | None = None, older_than_s: float = 0.0,

@@ -264,13 +264,13 @@ def test_reopening_starts_from_the_summary_checkpoint(tmp_path: Path) -> None:
     run = w.runs().run_id[0]
     expected = report_dict(w, run)
     w.close()
-    assert len(list((tmp_path / "d" / "summaries").glob("*.parquet"))) == 1
+    assert len(list((tmp_path / "d" / "summaries").glob("*/*.parquet"))) == 1
     again = ParquetStore(tmp_path / "d", read_only=True)
     full = ParquetStore(tmp_path / "d", read_only=True, use_checkpoints=False)
     try:
-        assert again.open_stats["checkpoint"] is not None
+        assert again.open_stats["checkpoints"] == 1
         assert again.open_stats["steps_summarised"] == 0
-        assert full.open_stats["checkpoint"] is None
+        assert full.open_stats["checkpoints"] == 0
         assert full.open_stats["steps_summarised"] > 1000
         _same_summaries(again, full, run)
         assert report_dict(again, run) == report_dict(full, run) == expected
@@ -325,13 +325,13 @@ def test_a_broken_checkpoint_is_ignored_and_superseded_ones_are_pruned(tmp_path:
     w.write_group([validate_batch(step_batch(run, 0, [100_000]))])
     w.summarize_dirty()  # a second one, covering the first's segments and one more
     w.close()  # the first is superseded: pruned at close
-    kept = sorted((d / "summaries").glob("*.parquet"))
+    kept = sorted((d / "summaries").glob("*/*.parquet"))
     assert len(kept) == 1
     # a torn checkpoint (written by hand, or by a newer schema) is skipped
-    (d / "summaries" / "zz-torn.parquet").write_bytes(b"PAR1 not really")
+    (kept[0].parent / "zz-torn.parquet").write_bytes(b"PAR1 not really")
     r = ParquetStore(d, read_only=True)
     try:
-        assert r.open_stats["checkpoint"] == str(kept[0])
+        assert r.open_stats["checkpoints"] == 1
         assert r.open_stats["steps_summarised"] == 0
     finally:
         r.close()
@@ -342,12 +342,12 @@ def test_a_reader_that_had_to_summarise_for_long_leaves_a_checkpoint(tmp_path: P
     for the summaries and saves them (here: whatever it took), the next one does not."""
     w = ParquetStore(tmp_path / "d", writer_id="w")
     import_trace(w, SIM)  # not closed: no checkpoint
-    assert not list((tmp_path / "d" / "summaries").glob("*.parquet"))
+    assert not list((tmp_path / "d" / "summaries").glob("*/*.parquet"))
     first = ParquetStore(tmp_path / "d", read_only=True, save_after_open_s=0.0)
-    assert first.open_stats["checkpoint"] is None and first.open_stats["steps_summarised"]
+    assert first.open_stats["checkpoints"] == 0 and first.open_stats["steps_summarised"]
     second = ParquetStore(tmp_path / "d", read_only=True)
     try:
-        assert second.open_stats["checkpoint"] is not None
+        assert second.open_stats["checkpoints"] == 1
         assert second.open_stats["steps_summarised"] == 0
         run = second.runs().run_id[0]
         _same_summaries(first, second, run)
@@ -380,3 +380,36 @@ def test_compacting_seen_segments_does_not_summarise_them_again(tmp_path: Path) 
     finally:
         reader.close()
         w.close()
+
+
+def test_checkpoints_are_per_run_and_a_finished_run_is_not_rewritten(tmp_path: Path) -> None:
+    """Two runs: each gets its own checkpoint; new steps of one rewrite only its own; a
+    reader loads both and equals a full rebuild."""
+    from collector.ingest import validate_batch
+    d = tmp_path / "d"
+    w = ParquetStore(d, writer_id="w", summary_every_s=3600.0, grace_s=3600.0)
+    try:
+        for run in ("a/1", "b"):  # a run id that needs encoding, too
+            w.write_group([validate_batch(step_batch(run, k, list(range(50))))
+                           for k in range(2)])
+        w.summarize_dirty()
+        w.save_summaries()
+        first = {p.parent.name: p for p in (d / "summaries").glob("*/*.parquet")}
+        assert sorted(first) == ["run_id=a%2F1", "run_id=b"]
+        w.write_group([validate_batch(step_batch("b", 0, list(range(50, 60))))])
+        w.summarize_dirty()
+        assert [Path(p).parent.name for p in w.save_summaries()] == ["run_id=b"]
+        files = sorted((d / "summaries").glob("*/*.parquet"))
+        assert [p.parent.name for p in files].count("run_id=a%2F1") == 1  # not rewritten
+        assert [p.parent.name for p in files].count("run_id=b") == 2  # old one in its grace
+    finally:
+        w.close()
+    r = ParquetStore(d, read_only=True)
+    full = ParquetStore(d, read_only=True, use_checkpoints=False)
+    try:
+        assert r.open_stats == {**r.open_stats, "checkpoints": 2, "steps_summarised": 0}
+        for run in ("a/1", "b"):
+            _same_summaries(r, full, run)
+    finally:
+        r.close()
+        full.close()
