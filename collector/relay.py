@@ -655,10 +655,11 @@ async def serve_until_exit(server: Any, ready: Any = None, tick: Any = None) -> 
         await asyncio.sleep(0.02)
     if ready is not None:
         ready(server.servers[0].sockets[0].getsockname()[1])
-    while not task.done():
+    while tick is not None and not task.done():
         await asyncio.wait({task}, timeout=1.0)
-        if tick is not None:
-            tick()
+        tick()
+    # awaited directly: a SystemExit the server's signal handler raises inside the task
+    # then counts as retrieved (no "Task exception was never retrieved" at exit)
     await task
 
 

@@ -132,3 +132,13 @@ def test_arrow_pushes_are_stored_like_json_ones(collector):
     assert push(collector, step_batch("a", 1, [0, 1, 2]))[0] == 200  # JSON beside it
     collector.sync()
     assert stored_steps(collector) == 3  # 3 steps, each with 2 ranks
+
+
+def test_a_stopped_collector_exits_cleanly(tmp_path):
+    """SIGTERM: exit status 0 and nothing alarming in the log (a serve loop that left the
+    server task's SystemExit unretrieved printed a traceback at every stop)."""
+    c = Collector(tmp_path / "s.duckdb").start()
+    c.stop()
+    assert c.proc.returncode == 0
+    log = c.log.read_text()
+    assert "Traceback" not in log and "never retrieved" not in log, log
