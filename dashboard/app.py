@@ -144,13 +144,13 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         if v is None:
             return (f"run {run_id!r} is gone", *(NO,) * (n + 1))
         key = [*v, attempt, pool, span, data.findings_ready(run_id)]
-        if shown is not None and key == list(shown) and dash.ctx.triggered_id == "tick":
+        live = dash.ctx.triggered_id == "tick"
+        if shown is not None and key == list(shown) and live:
             return (NO,) * (n + 2)
         pick = None if attempt in (None, "latest") else int(attempt)
         rk = data.ranks(run_id, pick, span == "all")
         parts = pages.ranks_parts(rk, pool or "max")
         values = [parts[i] for i in (*pages.RANKS_DIVS, *pages.RANKS_GRAPHS)]
-        live = dash.ctx.triggered_id == "tick"
         # "latest" follows a live run into its next attempt; the list grows with it
         return (*_to_graphs(rk_outputs, values, live), key,
                 pages.attempt_options(rk["attempts"]))

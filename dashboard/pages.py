@@ -7,7 +7,6 @@ element's ``title`` (the hover text): the page shows ``1h 31m``, the title ``548
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from typing import Any
 from urllib.parse import quote
@@ -17,7 +16,7 @@ from dash import dcc, html
 
 from dashboard import figures as fig
 from goodlens.accounting import BUCKETS, RESTART_PARTS
-from goodlens.units import format_duration
+from goodlens.units import format_duration, format_instant
 
 PAGES = (("overview", "Overview"), ("ranks", "Ranks"), ("checkpoints", "Checkpoints"),
          ("whatif", "What-if"))
@@ -32,7 +31,7 @@ def run_href(run_id: str, page: str = "overview") -> str:
 def _utc(t: float | None) -> str:
     if t is None or (isinstance(t, float) and math.isnan(t)):
         return ""
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return format_instant(t, seconds=False)
 
 
 def _dur(v: float | None) -> str:
@@ -147,13 +146,14 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
             "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end)}
 
 
-def live_graph(gid: str, figure: Any = None) -> html.Div:
-    """A graph a live refresh redraws: the server sends each new figure to the store
+def live_graph(gid: str, parts: dict[str, Any]) -> html.Div:
+    """The graph ``gid`` (with its figure in ``parts``, if there) that a live refresh
+    redraws: the server sends each new figure to the store
     ``<gid>-next`` as ``{"figure", "keep"}``, and a function in the browser
     (``assets/keep_view.js``) puts it on the graph, keeping the user's zoom and hidden
     traces when ``keep`` (a timer redraw). The shown figure never travels to the server."""
     return html.Div([dcc.Store(id=f"{gid}-next"),
-                     dcc.Graph(id=gid, **({"figure": figure} if figure is not None else {}))])
+                     dcc.Graph(id=gid, **({"figure": parts[gid]} if gid in parts else {}))])
 
 
 #: The overview's parts: the Divs a refresh fills, and the graphs whose figure it replaces
@@ -166,14 +166,13 @@ def overview_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
     """The overview's layout, empty or filled with :func:`overview_parts`."""
     p = parts or {}
 
-    def graph(gid: str) -> html.Div:
-        return live_graph(gid, p.get(gid))
     return html.Div([
         html.Div(p.get("ov-cards"), id="ov-cards"),
         html.Div([html.Div(p.get("ov-buckets"), id="ov-buckets", className="gl-col"),
-                  html.Div(graph("breakdown-graph"), className="gl-col-wide")],
+                  html.Div(live_graph("breakdown-graph", p), className="gl-col-wide")],
                  className="gl-row"),
-        graph("series-graph"), graph("timeline-graph"),
+        live_graph("series-graph", p),
+        live_graph("timeline-graph", p),
         html.H3("Attempts"), html.Div(p.get("ov-attempts"), id="ov-attempts"),
     ])
 
@@ -258,14 +257,12 @@ def ranks_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
     """The ranks page's layout, empty or filled with :func:`ranks_parts`."""
     p = parts or {}
 
-    def graph(gid: str) -> html.Div:
-        return live_graph(gid, p.get(gid))
     return html.Div([
         html.P(p.get("rk-note"), className="gl-note", id="rk-note"),
-        graph("heatmap-graph"),
+        live_graph("heatmap-graph", p),
         html.H3("Flagged stragglers"),
         html.Div(p.get("rk-findings"), id="rk-findings"),
-        graph("host-graph"),
+        live_graph("host-graph", p),
         html.Div(p.get("rk-switches"), id="rk-switches"),
     ])
 

@@ -33,7 +33,6 @@ class HangConfig:
         if self.max_timeout_s is not None and not self.max_timeout_s >= self.min_timeout_s:
             raise ValueError("HangConfig.max_timeout_s must be >= min_timeout_s")
 
-
     def timeout(self, longest_interval_s: float) -> float:
         """The timeout after ``longest_interval_s`` between reports: max(floor, safety
         factor x interval), at most the ceiling."""

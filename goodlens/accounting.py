@@ -233,7 +233,8 @@ def report_dict(source: RunSource, run_id: str | None = None, since: str | float
         if not len(runs):
             raise KeyError("the store holds no runs yet")
         run_id = str(runs.iloc[0].run_id)
-    acc = account_run(source, run_id, now=now)
+    attempts, steps = source.attempts(run_id), source.step_summaries(run_id)
+    acc = account_run(source, run_id, now=now, attempts=attempts, steps=steps)
     lo = parse_instant(since, acc.start, acc.end) if since is not None else None
     hi = parse_instant(until, acc.start, acc.end) if until is not None else None
     if lo is not None and hi is not None and hi < lo:
@@ -242,20 +243,18 @@ def report_dict(source: RunSource, run_id: str | None = None, since: str | float
     rep["attempts"] = [b.as_dict() for b in acc.by_attempt()
                        if lo is None and hi is None]
     if rep["in_progress"]:
-        rep["silence"] = run_silence(source, run_id, now, hang_floor_s)
+        rep["silence"] = run_silence(attempts, steps, now, hang_floor_s)
     return rep
 
 
-def run_silence(source: RunSource, run_id: str, now: float | None = None,
+def run_silence(attempts: pd.DataFrame, steps: pd.DataFrame, now: float | None = None,
                 hang_floor_s: float = 60.0) -> dict[str, Any]:
-    """For a run in progress: how long its current attempt has been quiet, the timeout its
-    step rhythm gives, and whether it is past it (``silent``: hung, or gone without an end
-    event; ``goodlens end-run`` ends it)."""
+    """For a run in progress (its attempts and step summaries): how long its current
+    attempt has been quiet, the timeout its step rhythm gives, and whether it is past it
+    (``silent``: hung, or gone without an end event; ``goodlens end-run`` ends it)."""
     from detectors.hangs import HangConfig, silence
 
-    att = source.attempts(run_id)
-    last = att.sort_values("attempt").iloc[-1]
-    steps = source.step_summaries(run_id)
+    last = attempts.sort_values("attempt").iloc[-1]
     steps = steps[steps.attempt == int(last["attempt"])] if len(steps) else steps
     clock = time.time() if now is None else now
     activity = _num(last.get("last_activity"), _num(last.get("start"), clock))
@@ -266,8 +265,11 @@ def run_silence(source: RunSource, run_id: str, now: float | None = None,
 
 
 # ---------------------------------------------------------------------------- building
-def account_run(source: RunSource, run_id: str, now: float | None = None) -> Accounting:
-    """Account a stored run (``source`` is a :class:`collector.store.Store`)."""
+def account_run(source: RunSource, run_id: str, now: float | None = None, *,
+                attempts: pd.DataFrame | None = None,
+                steps: pd.DataFrame | None = None) -> Accounting:
+    """Account a stored run (``source`` is a :class:`collector.store.Store`); ``attempts``
+    and ``steps``: the run's attempts and step summaries when the caller has read them."""
     info = source.run(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
@@ -277,7 +279,11 @@ def account_run(source: RunSource, run_id: str, now: float | None = None) -> Acc
     except ValueError:
         tags = {}
     ev = source.events(run_id, kinds=list(ACCOUNTING_KINDS))
-    return account(run_id, source.attempts(run_id), source.step_summaries(run_id), ev,
+    if attempts is None:
+        attempts = source.attempts(run_id)
+    if steps is None:
+        steps = source.step_summaries(run_id)
+    return account(run_id, attempts, steps, ev,
                    world_size=_int(info.get("world_size")),
                    gpus_per_rank=_int(info.get("gpus_per_rank")) or 1,
                    spare_gpus=_int(tags.get("spare_gpus") if isinstance(tags, dict) else 0) or 0,

@@ -22,7 +22,7 @@ import click
 
 from goodlens.cli import Duration, StoreSpec, _echo_json, _get_json, _open_store, _read_run, main
 from goodlens.model import SCHEMA_VERSION
-from goodlens.units import format_duration, parse_instant
+from goodlens.units import format_duration, format_instant, parse_instant
 
 
 @main.command("end-run")
@@ -85,7 +85,7 @@ def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cau
         _echo_json(out)
         return
     verb = "ended" if stored else "was already ended by an earlier end-run"
-    click.echo(f"run {run_id} attempt {attempt} {verb} at {_utc(when)} (cause {cause}); "
+    click.echo(f"run {run_id} attempt {attempt} {verb} at {format_instant(when)} (cause {cause}); "
                f"wall-clock now {format_duration(after['wall_clock_s'])}")
 
 
@@ -108,6 +108,3 @@ def _write(db: str, doc: dict[str, Any]) -> int:
         store.close()
     return res[0].events_inserted
 
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))

@@ -1,9 +1,11 @@
-"""Human durations on the command line (``90s``, ``5m``, ``24h``); seconds everywhere else."""
+"""Human durations and instants on the command line (``90s``, ``5m``, ``24h``); seconds
+everywhere else."""
 
 from __future__ import annotations
 
 import math
 import re
+import time
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h|d|w)?\s*$")
@@ -44,6 +46,12 @@ def format_duration(seconds: float) -> str:
     if s < 86400:
         return f"{sign}{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
     return f"{sign}{int(s // 86400)}d {int(s % 86400 // 3600):02d}h"
+
+
+def format_instant(t: float, seconds: bool = True) -> str:
+    """Epoch seconds as ``2026-01-01 06:00:00 UTC`` (to the minute without ``seconds``)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC" if seconds else "%Y-%m-%d %H:%M UTC",
+                         time.gmtime(t))
 
 
 def parse_instant(text: str | float, start: float | None = None, end: float | None = None) -> float:

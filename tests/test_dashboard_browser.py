@@ -118,18 +118,13 @@ def test_whatif_control_updates_the_result(loaded: Collector, dash_br) -> None:
 def test_live_run_refreshes(tmp_path: Path, dash_br) -> None:
     c = Collector(tmp_path / "live.duckdb", "--no-detect").start()
     try:
-        def push(steps: list[int]) -> None:
-            push_steps(c, "live", steps)
-        push(list(range(0, 20)))
+        push_steps(c, "live", list(range(0, 20)))
         dash_br.server_url = c.url + "/runs/live"
         dash_br.wait_for_element("#headline-wall", timeout=30)
         first = dash_br.find_element("#headline-wall").get_attribute("title")
-        push(list(range(20, 60)))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if dash_br.find_element("#headline-wall").get_attribute("title") != first:
-                break
-            time.sleep(0.5)
+        push_steps(c, "live", list(range(20, 60)))
+        wait_until(lambda: dash_br.find_element("#headline-wall").get_attribute("title")
+                   != first)
         later = dash_br.find_element("#headline-wall").get_attribute("title")
         assert float(later.split()[0]) > float(first.split()[0]), "the page did not refresh"
         _no_console_errors(dash_br)
@@ -145,9 +140,7 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     c = Collector(tmp_path / "zoom.duckdb", "--no-detect").start()
     try:
-        def push(steps: list[int]) -> None:
-            push_steps(c, "live", steps)
-        push(list(range(0, 60)))
+        push_steps(c, "live", list(range(0, 60)))
         dash_br.server_url = c.url + "/runs/live"
         dash_br.wait_for_element("#series-graph .nsewdrag", timeout=30)
         js = "var g=document.querySelector('#series-graph .js-plotly-plot');"
@@ -167,7 +160,7 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
         assert wait_until(lambda: len(dash_br.driver.execute_script(hidden)) == 1)
         gone = dash_br.driver.execute_script(hidden)  # the top legend entry: stacked last
         first = dash_br.find_element("#headline-wall").get_attribute("title")
-        push(list(range(60, 120)))
+        push_steps(c, "live", list(range(60, 120)))
         assert wait_until(lambda: dash_br.find_element("#headline-wall").get_attribute(
             "title") != first), "the page did not refresh"
         assert wait_until(lambda: dash_br.driver.execute_script(js + view)[2] != zoomed[2]), \
