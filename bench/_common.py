@@ -1,7 +1,8 @@
 """Shared parts of the benchmarks: the collector as a subprocess, wire batches, parallel pushers.
 
-Not a test helper and not part of the package: the scripts next to this file import it
-(``sys.path[0]`` is ``bench/`` when a script runs).
+Not part of the package: the scripts next to this file import it (``sys.path[0]`` is
+``bench/`` when a script runs). Processes, ports and HTTP come from the tests' harness
+(``tests/harness.py``), so a benchmark runs goodlens exactly as the tests do.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,11 @@ import numpy as np
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-GOODLENS = Path(sys.executable).parent / "goodlens"  # the venv's console script
+sys.path.insert(0, str(ROOT))
+
+from tests import harness  # noqa: E402 (the tests' harness: one way to run goodlens)
+from tests.harness import GOODLENS, free_port, http  # noqa: E402, F401
+
 RUN_ID = "bench-run"
 T0 = 1_750_000_000.0  # epoch seconds of step 0
 
@@ -92,99 +95,18 @@ def si(x: float, digits: int = 2) -> str:
 # ----------------------------------------------------------------------------- the collector
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_json(port: int, method: str, path: str, body: bytes | None = None,
               timeout: float = 60.0) -> tuple[int, Any]:
-    """One request on a fresh connection; (status, decoded JSON body or raw bytes)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        data = resp.read()
-    finally:
-        conn.close()
-    try:
-        return resp.status, orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return resp.status, data
+    """One request to a loopback port; (status, decoded JSON body or text)."""
+    return http(method, f"http://127.0.0.1:{port}{path}", body, timeout=timeout)
 
 
-@dataclass
-class Collector:
-    """``goodlens serve`` running as a subprocess on a free loopback port and a fresh file."""
-
-    workdir: Path
-    port: int = 0
-    proc: subprocess.Popen | None = None
-    extra_args: list[str] = field(default_factory=list)
-
-    @property
-    def db(self) -> Path:
-        return self.workdir / "collector.duckdb"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "collector.log"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> Collector:
-        self.port = free_port()
-        cmd = [str(GOODLENS), "serve", "--db", str(self.db), "--port", str(self.port),
-               "--log-level", "warning", *self.extra_args]
-        log = open(self.log_path, "wb")  # noqa: SIM115 (the child owns it until stop)
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited with {self.proc.returncode}:\n"
-                                   f"{self.log_path.read_text()[-2000:]}")
-            with contextlib.suppress(OSError):
-                status, body = http_json(self.port, "GET", "/healthz", timeout=2.0)
-                if status == 200 and isinstance(body, dict) and body.get("status") == "ok":
-                    return self
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"collector did not answer /healthz within {timeout} s")
-            time.sleep(0.05)
-
-    def sync(self) -> float:
-        """POST /v1/sync (everything queued is committed and summarised); seconds taken."""
-        t = time.perf_counter()
-        status, body = http_json(self.port, "POST", "/v1/sync", timeout=600.0)
-        if status != 200:
-            raise RuntimeError(f"/v1/sync answered {status}: {body!r:.300}")
-        return time.perf_counter() - t
-
-    def stop(self, timeout: float = 120.0) -> int | None:
-        """SIGTERM and wait (the collector writes what is queued and closes the file)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError(f"collector ignored SIGTERM for {timeout} s; killed") from None
-
-    def db_bytes(self) -> int:
-        """Size of the DuckDB file plus its write-ahead log, if any."""
-        total = 0
-        for p in (self.db, self.db.with_name(self.db.name + ".wal")):
-            with contextlib.suppress(FileNotFoundError):
-                total += p.stat().st_size
-        return total
+def Collector(folder: Path, extra_args: list[str] | tuple[str, ...] = (),
+              db: str | None = None) -> harness.Collector:
+    """The tests' collector process (``tests/harness.py``) on ``folder/collector.duckdb``
+    (or ``db``, e.g. ``parquet:DIR``), logging to ``folder/collector.log``."""
+    return harness.Collector(db or folder / "collector.duckdb", *extra_args,
+                             log=folder / "collector.log")
 
 
 @contextlib.contextmanager
@@ -312,7 +234,7 @@ def encode_wire(cols: dict[str, Any], run_id: str = RUN_ID, wire: str = "json") 
     doc = {"schema_version": 1, "run_id": run_id, "steps": cols,
            "exporter": {"source": "bench", "dropped_rows": 0}}
     if wire == "arrow":
-        from collector.ingest_arrow import encode_arrow_batch
+        from goodlens.model.wire import encode_arrow_batch
         doc["steps"] = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in cols.items()}
         return encode_arrow_batch(doc)
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -28,9 +28,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collector.ingest import Batch, validate_batch
-from collector.store import Store
-from goodlens.accounting import account_run
+from goodlens.analysis.accounting import account_run
+from goodlens.model.batch import Batch, validate_batch
+from goodlens.storage.store import Store
 
 T0 = 1_767_225_600.0
 

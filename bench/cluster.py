@@ -1,6 +1,7 @@
 """How fast the cluster scheduling what-if answers: 1,000 nodes, 500 jobs, 30 simulated days.
 
-Times ``goodlens.clustersim.simulate_cluster`` on ``--preset`` (default ``bench-1k``: 1,000
+Times ``goodlens.analysis.clustersim.sim.simulate_cluster`` on ``--preset`` (default ``bench-1k``:
+1,000
 nodes in 32 racks and 4 pods, 500 jobs of 1-256 nodes arriving over 20 days, ~700 node
 failures) under three policy sets, from a cold start (the per-job-size straggler-noise Monte
 Carlo included), ``--reps`` times each; the median is reported. Event-driven on one core.
@@ -28,8 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import markdown_section, table
-from goodlens import _simcore, clustersim
-from goodlens.clusterconfig import CLUSTER_PRESETS, get_cluster_preset, workload
+from goodlens.analysis.clustersim import sim as clustersim
+from goodlens.analysis.clustersim.config import CLUSTER_PRESETS, get_cluster_preset, workload
+from goodlens.analysis.runsim import trial as _simcore
 
 TARGET_S = 10.0
 OFF = "partial,random,no-preempt,fifo,spares=0"
@@ -131,7 +133,8 @@ def main() -> int:
     print("----- markdown for docs/benchmarks.md -----")
     print(markdown_section(
         "Cluster scheduling what-if",
-        f"`goodlens.clustersim.simulate_cluster` on `{desc}`, one core. Baseline: the same "
+        f"`goodlens.analysis.clustersim.sim.simulate_cluster` on `{desc}`, one core. "
+        f"Baseline: the same "
         f"simulator with every lever off; for reference a naive time-stepped FIFO gang loop "
         f"in plain Python on the same jobs ({args.tick:g} s ticks; no failures, checkpoints, "
         f"placement or accounting: it does strictly less).",

@@ -27,10 +27,10 @@ from _common import GOODLENS, ROOT, machine, table
 
 sys.path.insert(0, str(ROOT))
 from bench.accounting import build
-from collector.replay import import_trace
-from collector.store import Store
-from dashboard import pages
-from dashboard.data import DashConfig, RunData
+from goodlens.collector.replay import import_trace
+from goodlens.dashboard import pages
+from goodlens.dashboard.data import DashConfig, RunData
+from goodlens.storage.store import Store
 
 SAMPLES = ["demo", "sim-64", "sim-16"]
 OVERVIEW_READY = ["#breakdown-graph .main-svg", "#series-graph .main-svg",
@@ -138,7 +138,7 @@ def serve(db: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(GOODLENS), "serve", "--db", str(db), "--port", str(port),
+    proc = subprocess.Popen([*GOODLENS, "serve", "--db", str(db), "--port", str(port),
                              "--no-detect", "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import urllib.request

@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import markdown_section, table
-from detectors.stragglers import (
+from goodlens.detectors.stragglers import (
     Finding,
     StragglerConfig,
     StragglerDetector,

@@ -1,6 +1,6 @@
 """What recording one step costs the training loop, against a Prometheus histogram.
 
-Times ``with exp.step(n): pass`` on a live :class:`~collector.exporter.RankExporter` (its
+Times ``with exp.step(n): pass`` on a live :class:`~goodlens.exporter.recorder.RankExporter` (its
 background thread stopped, so only the recording is measured) against
 ``prometheus_client.Histogram.observe`` on a fresh registry, measured in the same run, with
 an empty loop as the floor. Each case runs ``--iters`` iterations per repetition; the cases
@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from bench._common import markdown_section, table
 from collector import exporter as exporter_mod
-from collector.exporter import RankExporter
+from goodlens.exporter.recorder import RankExporter
 
 
 def loop_empty(ctx: dict, iters: int) -> int:

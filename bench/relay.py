@@ -50,8 +50,8 @@ from bench._common import (
     table,
     workdir,
 )
-from collector.ingest_arrow import encode_arrow_batch
-from goodlens.units import parse_duration
+from goodlens.model.units import parse_duration
+from goodlens.model.wire import encode_arrow_batch
 
 
 @dataclass
@@ -123,7 +123,7 @@ def start_relay(upstream: str, window: float, workdir_: Path) -> tuple[subproces
     """``goodlens relay`` on a free port in front of ``upstream``; (process, port)."""
     port = free_port()
     log = open(workdir_ / f"relay-{port}.log", "wb")  # noqa: SIM115 (the child owns it)
-    proc = subprocess.Popen([str(GOODLENS), "relay", "--upstream", upstream, "--port",
+    proc = subprocess.Popen([*GOODLENS, "relay", "--upstream", upstream, "--port",
                              str(port), "--window", f"{window}s"], stdout=log,
                             stderr=subprocess.STDOUT)
     log.close()

@@ -6,7 +6,7 @@ dataset (and, as the baseline in the same run, one ``goodlens serve --db FILE``)
 processes own disjoint ranks and send pre-encoded Arrow batches, client ``c`` to collector
 ``c % N``. Wall time runs from the first push to the last 200 (a 200 means the segment is
 renamed into place and fsynced). Then the collectors are stopped (each saves a summary
-checkpoint), the dataset is opened with :class:`collector.store_parquet.ParquetStore`, once
+checkpoint), the dataset is opened with :class:`goodlens.storage.parquet.ParquetStore`, once
 summarising every raw segment and once from the checkpoints, its (deduplicated) row count
 checked against what was sent, and its size on disk measured before and after compaction.
 
@@ -41,16 +41,6 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*.parquet"))
 
 
-class ParquetCollector(Collector):
-    """A collector on a shared Parquet dataset (``--db parquet:DIR``)."""
-
-    dataset: Path | None = None
-
-    @property
-    def db(self) -> Path:  # type: ignore[override]
-        return Path(f"parquet:{self.dataset}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_arguments(ap, rows=4_000_000)
@@ -62,7 +52,7 @@ def main() -> int:
     rows, sizes, opens = [], [], []
     with workdir(args.keep, args.tmp) as tmp:
         (tmp / "duckdb").mkdir()
-        single = Collector(tmp / "duckdb", extra_args=["--no-detect", "--no-dashboard"]).start()
+        single = Collector(tmp / "duckdb", ["--no-detect"]).start()
         try:
             res = push(base_w, single.port)
             single.sync()
@@ -80,9 +70,8 @@ def main() -> int:
             procs = []
             for i in range(n):
                 (tmp / f"c{n}-{i}").mkdir()
-                c = ParquetCollector(tmp / f"c{n}-{i}",
-                                     extra_args=["--no-detect", "--no-dashboard"])
-                c.dataset = dataset
+                c = Collector(tmp / f"c{n}-{i}", ["--no-detect"],
+                              db=f"parquet:{dataset}")
                 procs.append(c.start())
             try:
                 res = push(w, [c.port for c in procs])
@@ -91,7 +80,7 @@ def main() -> int:
                     c.stop()
             import time
 
-            from collector.store_parquet import ParquetStore
+            from goodlens.storage.parquet import ParquetStore
             t = time.perf_counter()  # the baseline: summarise every raw segment
             ParquetStore(dataset, read_only=True, use_checkpoints=False).close()
             open_s = time.perf_counter() - t

@@ -1,6 +1,7 @@
 """How fast the run simulator answers a what-if: Monte Carlo trials of a preset, breakdown only.
 
-Times ``goodlens.simulate.monte_carlo`` on ``--preset`` (default ``llama3-16k``: 16,384 GPUs,
+Times ``goodlens.analysis.runsim.montecarlo.monte_carlo`` on ``--preset`` (default ``llama3-16k``:
+16,384 GPUs,
 54 days, ~470 interruptions and ~14,000 checkpoints per trial) for ``--trials`` trials, from a
 cold start (the per-config straggler-noise Monte Carlo included), ``--reps`` times; the median
 is reported. Trials are event-driven (failures, checkpoints, straggler episodes), never per
@@ -22,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import markdown_section, table
-from goodlens import _simcore
-from goodlens import simulate as sim
-from goodlens.presets import PRESETS, get_preset
+from goodlens.analysis.runsim import montecarlo as sim
+from goodlens.analysis.runsim import trial as _simcore
+from goodlens.analysis.runsim.presets import PRESETS, get_preset
 
 TARGET_S = 10.0
 
@@ -66,7 +67,8 @@ def main() -> int:
     print("----- markdown for docs/benchmarks.md -----")
     print(markdown_section(
         "Run simulator (breakdown only)",
-        f"`goodlens.simulate.monte_carlo` on the `{args.preset}` preset ({gpus:,} GPUs, "
+        f"`goodlens.analysis.runsim.montecarlo.monte_carlo` on the `{args.preset}` preset "
+        f"({gpus:,} GPUs, "
         f"{cfg.duration_s / 86400:.0f} days; per trial ~{counts['attempts']:.0f} attempts and "
         f"~{counts['checkpoints']:,.0f} checkpoints), {args.trials:,} trials from a cold start, "
         f"one core, median of {args.reps} run(s).",
@@ -84,7 +86,7 @@ def trace_generation() -> None:
     building the tables alone and with the zstd Parquet write."""
     import tempfile
 
-    from goodlens.tracegen import generate_trace
+    from goodlens.analysis.runsim.tracegen import generate_trace
     cfg = get_preset("demo-64")
     built = generate_trace(cfg, 0, None, run_id="d64")
     with tempfile.TemporaryDirectory() as tmp:

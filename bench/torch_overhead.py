@@ -141,8 +141,8 @@ def hot_path_cost(url: str, steps: int = 1500, repeats: int = 5) -> dict[str, fl
     sys.path.insert(0, str(ROOT / "examples"))
     from train_ddp import batch, make_model
 
-    from collector.exporter import RankExporter
-    from goodlens import torch as gl
+    from goodlens.exporter import torch as gl
+    from goodlens.exporter.recorder import RankExporter
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)

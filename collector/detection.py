@@ -5,7 +5,7 @@ and acts on what they find, so a launcher can evict a slow node while the run go
 
 - every ``interval_s`` it reads, per run and attempt, the per-rank compute of the steps that
   completed since its last pass (through the store's read API, on its own thread) and
-  updates one :class:`~detectors.stragglers.StragglerDetector` per run (it resets at each
+  updates one :class:`~goodlens.detectors.stragglers.StragglerDetector` per run (it resets at each
   new attempt; a rank still slow after a restart continues its finding, as in
   ``goodlens detect``);
 - each new finding is stored as a ``straggler_flagged`` event (through the single writer;
@@ -19,7 +19,8 @@ A step is processed once a later step has been summarised (its ranks have report
 still missing then are treated as not reporting (NaN), which the detector tolerates.
 
 Hangs: for a run whose latest attempt has not ended and whose data is live (its last step
-less than ``live_window_s`` ago), a :class:`~detectors.hangs.HangDetector` watches each rank's
+less than ``live_window_s`` ago), a :class:`~goodlens.detectors.hangs.HangDetector` watches each
+rank's
 step ends against an adaptive timeout; when every rank has gone silent (a hung collective
 stops them all) the service records ``failure_detected`` with cause ``hang``, once per
 attempt, and pushes it like a straggler finding. Heartbeats do not count as progress: the
@@ -38,12 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from collector.ingest import validate_batch
-from collector.store import Store
-from collector.writer import Writer
-from detectors.hangs import HangConfig, HangDetector, HangFinding
-from detectors.stragglers import Finding, StragglerConfig, StragglerDetector, Topology
-from goodlens.model import SCHEMA_VERSION
+from goodlens.detectors.hangs import HangConfig, HangDetector, HangFinding
+from goodlens.detectors.stragglers import Finding, StragglerConfig, StragglerDetector, Topology
+from goodlens.model.batch import validate_batch
+from goodlens.model.schema import SCHEMA_VERSION
+from goodlens.storage.store import Store
+from goodlens.storage.writer import Writer
 
 log = logging.getLogger("goodlens.detection")
 

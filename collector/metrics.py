@@ -22,9 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from collector.store import Store
-from collector.writer import LATENCY_BUCKETS, Writer
-from goodlens.accounting import account_run
+from goodlens.analysis.accounting import account_run
+from goodlens.storage.store import Store
+from goodlens.storage.writer import LATENCY_BUCKETS, Writer
 
 log = logging.getLogger("goodlens.metrics")
 

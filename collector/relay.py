@@ -6,8 +6,8 @@ it with ``GOODLENS_RELAY=1``) and the collector sees one keep-alive connection p
 instead of one per GPU, and pushes carrying every local rank's rows at once.
 
 The relay accepts the collector's ``POST /v1/ingest`` bodies (JSON or Arrow IPC) and
-validates each with the collector's own decoders (:mod:`collector.ingest`,
-:mod:`collector.ingest_arrow`), so an invalid push gets the collector's 4xx naming the
+validates each with the collector's own decoders (:mod:`goodlens.model.batch`,
+:mod:`goodlens.model.batch_arrow`), so an invalid push gets the collector's 4xx naming the
 field and never joins a merged batch. Valid pushes wait for a short window (or until every
 rank seen recently has one waiting, or a row/byte cap is reached); pushes of the same run
 and token are then merged into one Arrow IPC batch and sent upstream in one request.
@@ -20,10 +20,8 @@ the batch and replays it later. The store ignores rows it already holds, so a ba
 whose answer was lost and sent again adds nothing. Should the collector refuse a merged
 batch for any other reason, its pushes are forwarded one by one so each gets its own answer.
 
-The exporter side (:func:`host_relay_transport`) lives here as well: local rank 0 starts a
-relay when none listens, and every rank sends to it, straight to the collector while it is
-away. Starlette and uvicorn are imported only when a relay is served, so exporters importing
-this module pay for neither.
+The exporter's side (local rank 0 starts a relay when none listens, and every rank sends
+to it, straight to the collector while it is away) is :mod:`goodlens.exporter.relay_client`.
 """
 
 from __future__ import annotations
@@ -36,53 +34,32 @@ import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import pyarrow as pa
 
-from collector.ingest import Batch, BatchError, decode_batch
-from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
-from collector.ingest_arrow import META_KEY, decode_arrow_batch
-from collector.transport import Transport, is_loopback
-from goodlens.model import SCHEMA_VERSION, STEP_COLUMNS
+from goodlens.collector.serving import serve_until_exit
+from goodlens.exporter.relay_client import DEFAULT_RELAY_PORT, endpoint
+from goodlens.exporter.transport import is_loopback
+from goodlens.model.batch import Batch, BatchError, decode_batch
+from goodlens.model.batch_arrow import decode_arrow_batch
+from goodlens.model.schema import SCHEMA_VERSION, STEP_COLUMNS
+from goodlens.model.wire import ARROW as ARROW_STREAM
+from goodlens.model.wire import META_KEY
 
 log = logging.getLogger("goodlens.relay")
-
-DEFAULT_RELAY_PORT = 8472
-"""Port of the per-host relay unless ``GOODLENS_RELAY_PORT`` / ``--port`` says otherwise."""
-RELAY_WAIT_S = 10.0
-"""How long local rank 0 waits for a relay it started to answer before sending directly."""
-RELAY_RECHECK_S = 30.0
-"""How long an exporter sends straight to the collector before trying the relay again."""
-AUTO_IDLE_EXIT_S = 600.0
-"""A relay started by an exporter exits after this long without a push."""
 
 _DECODERS = {"application/json": decode_batch, ARROW_STREAM: decode_arrow_batch}
 _STEP_REQUIRED = {c.name for c in STEP_COLUMNS if c.required}
 _RETRY_PASS = {429, 503}  # upstream overload: passed on with its Retry-After
 _AUTH = {401, 403}        # upstream refused the token: every push of the batch learns why
 _MAX_SOURCES = 100_000
-
-
-def _endpoint(url: str) -> tuple[str, str, int, str]:
-    """(scheme, host, port, path) of a collector URL, normalised for comparison."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"upstream URL must be http(s)://host:port, got {url!r}")
-    host = (parts.hostname or "127.0.0.1").lower()
-    host = "127.0.0.1" if host == "localhost" else host
-    return (parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80),
-            parts.path.rstrip("/"))
 
 
 @dataclass
@@ -123,7 +100,7 @@ class RelayConfig:
     source has a push waiting, the batch goes without waiting out the window."""
 
     def __post_init__(self) -> None:
-        _endpoint(self.upstream)
+        endpoint(self.upstream)
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if self.window_s < 0 or self.timeout_s <= 0 or self.idle_exit_s < 0:
@@ -190,7 +167,7 @@ class _Upstream:
     """One keep-alive HTTP connection to the collector, used by one thread."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        scheme, self._host, self._port, path = _endpoint(url)
+        scheme, self._host, self._port, path = endpoint(url)
         self._https = scheme == "https"
         self._path = path + "/v1/ingest"
         self.timeout_s = timeout_s
@@ -642,174 +619,3 @@ def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning")
     finally:
         relay.close()
     return relay
-
-
-async def serve_until_exit(server: Any, ready: Any = None, tick: Any = None) -> None:
-    """Serve a ``uvicorn.Server`` until it exits: ``ready(port)`` once it accepts
-    connections (the bound port, for port 0), ``tick()`` about every second meanwhile."""
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            await task
-            return
-        await asyncio.sleep(0.02)
-    if ready is not None:
-        ready(server.servers[0].sockets[0].getsockname()[1])
-    while tick is not None and not task.done():
-        await asyncio.wait({task}, timeout=1.0)
-        tick()
-    # awaited directly: a SystemExit the server's signal handler raises inside the task
-    # then counts as retrieved (no "Task exception was never retrieved" at exit)
-    await task
-
-
-# ----------------------------------------------------------------------------- exporter side
-
-
-def relay_url(port: int) -> str:
-    """The URL of the relay on this host."""
-    return f"http://127.0.0.1:{port}"
-
-
-def relay_health(port: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
-    """The ``/healthz`` of a goodlens relay on ``port`` of this host, or None if none answers."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
-    try:
-        conn.request("GET", "/healthz")
-        resp = conn.getresponse()
-        info = orjson.loads(resp.read()) if resp.status == 200 else None
-    except (OSError, http.client.HTTPException, orjson.JSONDecodeError):
-        return None
-    finally:
-        conn.close()
-    return info if isinstance(info, dict) and info.get("relay") is True else None
-
-
-def relay_serves(port: int, upstream: str) -> bool:
-    """Whether a relay listens on ``port`` and forwards to ``upstream``."""
-    info = relay_health(port)
-    if info is None:
-        return False
-    try:
-        return _endpoint(str(info.get("upstream"))) == _endpoint(upstream)
-    except ValueError:
-        return False
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def start_relay(upstream: str, port: int, wait_s: float = RELAY_WAIT_S) -> int | None:
-    """Start ``goodlens relay`` as a detached process (its own session, so it outlives the
-    caller and sends what is in flight after the ranks exit; it exits after
-    :data:`AUTO_IDLE_EXIT_S` without a push) and wait up to ``wait_s`` for it to serve
-    ``upstream``. Returns its pid, or None when it did not come up (the log is in the
-    temporary folder: ``goodlens-relay-PORT.log``)."""
-    import collector
-    root = os.path.dirname(os.path.dirname(os.path.abspath(collector.__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    path = os.path.join(tempfile.gettempdir(), f"goodlens-relay-{port}.log")
-    try:
-        with open(path, "ab") as logf:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", "from goodlens.cli import main; main(prog_name='goodlens')",
-                 "relay", "--upstream", upstream,
-                 "--port", str(port), "--idle-exit", f"{AUTO_IDLE_EXIT_S:g}s",
-                 "--log-level", "warning"],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, env=env,
-                start_new_session=True, close_fds=True)
-    except OSError as exc:
-        log.warning("goodlens: could not start a host relay (%s); sending directly", exc)
-        return None
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if relay_serves(port, upstream):
-            return proc.pid
-        if proc.poll() is not None:  # lost a race for the port, or failed: see its log
-            return proc.pid if relay_serves(port, upstream) else None
-        time.sleep(0.05)
-    log.warning("goodlens: the host relay on port %d did not answer within %.0f s (log: %s); "
-                "sending directly meanwhile", port, wait_s, path)
-    return None
-
-
-class HostRelayTransport(Transport):
-    """:class:`~collector.transport.Transport` through the host's relay, falling back to the
-    collector directly while no relay for that collector answers on the port.
-
-    Whether the relay is usable is checked (``GET /healthz``: a goodlens relay forwarding to
-    this collector) before the first push and then, while it is not, again after 1 s,
-    2 s, 4 s ... up to :data:`RELAY_RECHECK_S`; a relay that stops answering mid-run is left
-    at once for the collector.
-    A relay that answers 503 (the collector is away behind it) is not left: the batch
-    spills, as it would have when sending directly.
-    """
-
-    def __init__(self, upstream: str, relay_port: int, token: str | None = None,
-                 timeout_s: float = 5.0, spill_path: str | None = None,
-                 max_spill_bytes: int = 1 << 30) -> None:
-        super().__init__(relay_url(relay_port), token, timeout_s, spill_path, max_spill_bytes)
-        self.upstream = upstream
-        self.relay_port = relay_port
-        self.via_relay: bool | None = None
-        """True while sending through the relay, False while directly, None before a push."""
-        self._direct = Transport(upstream, token, timeout_s)  # only its _post is used
-        self._recheck_at = 0.0
-        self._recheck_s = 1.0  # doubles up to RELAY_RECHECK_S while no relay answers
-
-    def _post(self, body: bytes, content_type: str = "application/json") -> str:
-        if not self.via_relay and time.monotonic() >= self._recheck_at:
-            was = self.via_relay
-            self.via_relay = relay_serves(self.relay_port, self.upstream)
-            self._recheck_at = time.monotonic() + self._recheck_s
-            self._recheck_s = min(RELAY_RECHECK_S, self._recheck_s * 2)
-            if self.via_relay != was:
-                log.info("goodlens: %s", f"sending through the host relay on port "
-                         f"{self.relay_port}" if self.via_relay else
-                         f"no host relay for {self.upstream} on port {self.relay_port}; "
-                         "sending to the collector directly")
-        if self.via_relay:
-            backoff, next_try = self._backoff, self._next_try
-            outcome = super()._post(body, content_type)
-            # Transport drops its connection only when nothing answered: the relay is away
-            if outcome != "retry" or self._conn is not None:
-                return outcome
-            self._backoff, self._next_try = backoff, next_try
-            self.via_relay = False
-            self._recheck_s = 1.0
-            self._recheck_at = time.monotonic() + self._recheck_s
-            log.warning("goodlens: the host relay on port %d stopped answering (%s); sending "
-                        "to the collector directly", self.relay_port, self.stats.last_error)
-        outcome = self._direct._post(body, content_type)
-        if outcome == "ok":
-            self._backoff = 0.0
-            self._next_try = 0.0
-            self.stats.sent_batches += 1
-        elif outcome == "retry":
-            self._failed(self._direct.stats.last_error or "collector unreachable")
-        else:
-            self.stats.rejected_batches += 1
-            self.stats.last_error = self._direct.stats.last_error
-        return outcome
-
-    def close(self) -> None:
-        """Close both connections."""
-        super().close()
-        self._direct.close()
-
-
-def host_relay_transport(upstream: str, relay_port: int = DEFAULT_RELAY_PORT,
-                         local_rank: int | None = None, token: str | None = None,
-                         timeout_s: float = 5.0, spill_path: str | None = None,
-                         max_spill_bytes: int = 1 << 30) -> HostRelayTransport:
-    """The exporter's transport with ``host_relay``: local rank 0 (or a process without a
-    local rank) starts the relay when nothing listens on the port and waits for it (at most
-    :data:`RELAY_WAIT_S`); the other ranks only look for it."""
-    if local_rank in (0, None) and not _listening(relay_port):
-        start_relay(upstream, relay_port)
-    return HostRelayTransport(upstream, relay_port, token, timeout_s, spill_path,
-                              max_spill_bytes)

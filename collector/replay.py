@@ -14,11 +14,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.ingest import Batch, BatchError, validate_batch
-from collector.ingest_arrow import arrow_steps
-from collector.store import Store
-from goodlens.model import RUN_COLUMNS, SCHEMA_VERSION
-from goodlens.trace import Trace, TraceError, read_trace, write_trace
+from goodlens.model.batch import Batch, BatchError, validate_batch
+from goodlens.model.batch_arrow import arrow_steps
+from goodlens.model.schema import RUN_COLUMNS, SCHEMA_VERSION
+from goodlens.model.trace import Trace, TraceError, read_trace, write_trace
+from goodlens.storage.store import Store
 
 CHUNK_ROWS = 500_000
 
@@ -111,8 +111,9 @@ def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | No
 
     import numpy as np
 
-    from collector.ingest_arrow import CONTENT_TYPE, encode_arrow_batch
-    from collector.transport import Transport
+    from goodlens.exporter.transport import Transport
+    from goodlens.model.wire import ARROW as CONTENT_TYPE
+    from goodlens.model.wire import encode_arrow_batch
 
     if speed < 0:
         raise ValueError("speed must be >= 0 (0: as fast as possible)")

@@ -2,21 +2,22 @@
 
 Starlette on uvicorn (maintained, async, fast). Request handling never touches DuckDB's
 write side: it validates a push (in a worker thread), hands it to the single
-:class:`~collector.writer.Writer`, and answers only after the writer committed it, so an
+:class:`~goodlens.storage.writer.Writer`, and answers only after the writer committed it, so an
 acknowledged batch survives a crash. Reads (``/metrics``, ``/v1/runs``) use the store's
 read API in worker threads with their own cursors.
 
 Endpoints:
 
-- ``POST /v1/ingest``: one wire batch, JSON (:mod:`collector.ingest`) or Arrow IPC
-  (:mod:`collector.ingest_arrow`); 200 with the rows
+- ``POST /v1/ingest``: one wire batch, JSON (:mod:`goodlens.model.batch`) or Arrow IPC
+  (:mod:`goodlens.model.batch_arrow`); 200 with the rows
   inserted and recognised as duplicates; 400/413/415/422 naming what is wrong; 401/403 for
   a missing or wrong token; 503 with ``Retry-After`` when the write queue is full.
 - ``GET /metrics``: Prometheus text format.
 - ``GET /healthz``: liveness and queue depth.
 - ``GET /v1/runs``, ``GET /v1/runs/{run_id}``: the runs overview as JSON.
 - ``GET /v1/report?run=ID&since=T&until=T``: the time accounting (as ``goodlens report``).
-- ``/`` and everything else: the dashboard (:mod:`dashboard`), unless disabled.
+- ``/`` and everything else: whatever ASGI app the caller mounts there (``goodlens serve``
+  mounts the dashboard; the collector itself never imports it).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,17 +40,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from collector.ingest import BatchError, decode_batch
-from collector.ingest_arrow import CONTENT_TYPE as ARROW_STREAM
-from collector.ingest_arrow import decode_arrow_batch
-from collector.metrics import make_registry
-from collector.relay import serve_until_exit
-from collector.store import Store
-from collector.store_parquet import open_store
-from collector.transport import is_loopback
-from collector.writer import Overloaded, Writer
-from goodlens.accounting import report_dict
-from goodlens.model import SCHEMA_VERSION
+from goodlens.analysis.accounting import report_dict
+from goodlens.collector.metrics import make_registry
+from goodlens.collector.serving import serve_until_exit
+from goodlens.exporter.transport import is_loopback
+from goodlens.model.batch import BatchError, decode_batch
+from goodlens.model.batch_arrow import decode_arrow_batch
+from goodlens.model.jsonable import plain, records
+from goodlens.model.schema import SCHEMA_VERSION
+from goodlens.model.wire import ARROW as ARROW_STREAM
+from goodlens.storage.parquet import open_store
+from goodlens.storage.store import Store
+from goodlens.storage.writer import Overloaded, Writer
 
 log = logging.getLogger("goodlens.server")
 _DECODERS = {"application/json": decode_batch, ARROW_STREAM: decode_arrow_batch}
@@ -61,7 +63,7 @@ class ServerConfig:
 
     db: str
     """Path of the DuckDB file the collector owns (created if missing), or ``parquet:DIR``
-    for a Parquet dataset several collectors may share (:mod:`collector.store_parquet`)."""
+    for a Parquet dataset several collectors may share (:mod:`goodlens.storage.parquet`)."""
     host: str = "127.0.0.1"
     """Address to bind; anything but loopback requires ``token``."""
     port: int = 8470
@@ -82,9 +84,6 @@ class ServerConfig:
     """URL that receives each straggler finding once, as a JSON POST (a launcher evicts)."""
     hang_floor_s: float = 60.0
     """Shortest hang timeout (the adaptive timeout is 3x the longest step interval seen)."""
-    dashboard: bool = True
-    """Serve the dashboard at ``/`` (behind the token when one is set)."""
-
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be 0-65535, got {self.port}")
@@ -98,28 +97,18 @@ class ServerConfig:
 
 
 def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(orjson.dumps(obj, default=_jsonable, option=orjson.OPT_SERIALIZE_NUMPY),
+    return Response(orjson.dumps(obj, default=plain, option=orjson.OPT_SERIALIZE_NUMPY),
                     status, headers=headers, media_type="application/json")
 
 
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def records(df: Any) -> list[dict[str, Any]]:
-    """DataFrame rows as dicts with NaN/NA turned into None (JSON null)."""
-    out = []
-    for row in df.astype(object).to_dict("records"):
-        out.append({k: (None if v is None or (isinstance(v, float) and math.isnan(v))
-                         or v is pd.NA else v) for k, v in row.items()})
-    return out
+RootApp = Callable[[Store], Any]
+"""Builds the ASGI app served at ``/`` over the open store (``goodlens serve``: the dashboard)."""
 
 
 def create_app(store: Store, writer: Writer, config: ServerConfig,
-               detection: Any = None) -> Starlette:
-    """The collector's ASGI app over an open store and a started writer."""
+               detection: Any = None, root: Any = None) -> Starlette:
+    """The collector's ASGI app over an open store and a started writer; ``root``, an ASGI
+    app, is mounted at ``/`` after the collector's own routes."""
     registry = make_registry(store, writer, detection)
     token = config.token.encode() if config.token else None
     started = time.time()
@@ -236,12 +225,8 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
-    if config.dashboard:
-        from dashboard.app import create_app as create_dashboard
-        from dashboard.asgi import dashboard_asgi
-        from dashboard.data import DashConfig
-        dash_app = create_dashboard(store, DashConfig(live_detection=config.detect))
-        routes.append(Mount("/", app=dashboard_asgi(dash_app, config.token)))
+    if root is not None:
+        routes.append(Mount("/", app=root))
     return Starlette(routes=routes)
 
 
@@ -251,10 +236,12 @@ def _too_large(writer: Writer, config: ServerConfig) -> Response:
                   "batches or raise --max-body", "field": None}, 413)
 
 
-def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -> None:
+def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
+          root: RootApp | None = None) -> None:
     """Run the collector until SIGINT/SIGTERM; flushes and closes the store on the way out.
 
-    ``ready``, if given, is called with the bound port once the server accepts connections.
+    ``ready``, if given, is called with the bound port once the server accepts connections;
+    ``root``, if given, builds the app served at ``/`` over the opened store.
     """
     import signal
 
@@ -273,12 +260,13 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info") -
                     summarize_interval_s=config.summarize_interval_s).start()
     detection = None
     if config.detect:
-        from collector.detection import DetectionService
-        from detectors.hangs import HangConfig
+        from goodlens.collector.detection import DetectionService
+        from goodlens.detectors.hangs import HangConfig
         detection = DetectionService(store, writer, webhook=config.webhook,
                                      hang_config=HangConfig(min_timeout_s=config.hang_floor_s)
                                      ).start()
-    app = create_app(store, writer, config, detection)
+    app = create_app(store, writer, config, detection,
+                     None if root is None else root(store))
     uconfig = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                              access_log=False, lifespan="off", timeout_graceful_shutdown=10)
     server = uvicorn.Server(uconfig)

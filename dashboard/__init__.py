@@ -1,6 +1,6 @@
 """The Dash app: where the wall-clock went, which ranks are slow, what checkpoints cost.
 
-``create_app(store, config)`` builds it over a store's read API (``collector.store.Store``).
+``create_app(store, config)`` builds it over a store's read API (``goodlens.storage.store.Store``).
 The collector serves it at ``/`` from its own process (``goodlens serve``: one process owns
 the DuckDB file); ``goodlens dashboard --db FILE`` serves it alone over a file no collector
 holds, read-only. Layout: ``data`` (what a page shows, cached per run version), ``figures``
@@ -8,7 +8,7 @@ holds, read-only. Layout: ``data`` (what a page shows, cached per run version), 
 (mounting under Starlette).
 """
 
-from dashboard.app import create_app
-from dashboard.data import DashConfig
+from goodlens.dashboard.app import create_app
+from goodlens.dashboard.data import DashConfig
 
 __all__ = ["DashConfig", "create_app"]

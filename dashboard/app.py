@@ -1,4 +1,4 @@
-"""The Dash app: URL routing and thin callbacks over :mod:`dashboard.data` and the layouts.
+"""The Dash app: URL routing and thin callbacks over :mod:`goodlens.dashboard.data` and the layouts.
 
 The run id is in the URL (``/runs/<id>``, ``/runs/<id>/ranks``, ...), so a view can be
 shared. Each page's body re-renders on a timer only when its run's data changed (the
@@ -17,8 +17,8 @@ from urllib.parse import unquote
 import dash
 from dash import Input, Output, State, dcc, html
 
-from dashboard import pages
-from dashboard.data import DashConfig, RunData
+from goodlens.dashboard import pages
+from goodlens.dashboard.data import DashConfig, RunData
 
 log = logging.getLogger("goodlens.dashboard")
 NO = dash.no_update
@@ -42,7 +42,7 @@ def parse_path(pathname: str | None) -> tuple[str, str | None]:
 
 
 def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any) -> dash.Dash:
-    """The dashboard over an open store (``collector.store.Store``, live or read-only)."""
+    """The dashboard over an open store (``goodlens.storage.store.Store``, live or read-only)."""
     config = config or DashConfig()
     data = RunData(store, config)
     app = dash.Dash(__name__, title=config.title, suppress_callback_exceptions=True,
@@ -66,7 +66,7 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         if page == "runs":
             return nav, html.Div([html.H2("Runs"), html.Div(id="runs-body")])
         if page == "cluster":
-            from dashboard.cluster import cluster_layout
+            from goodlens.dashboard.cluster import cluster_layout
             return nav, cluster_layout()
         if data.version(run_id) is None:
             return nav, pages.not_found(f"no run {run_id!r} in this store")
@@ -192,7 +192,7 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
             return html.P(str(exc), className="gl-error", id="whatif-error")
         return pages.whatif_body(data.whatif(run_id, changes), cal)
 
-    from dashboard.cluster import register_cluster_callbacks
+    from goodlens.dashboard.cluster import register_cluster_callbacks
     register_cluster_callbacks(app)
     return app
 

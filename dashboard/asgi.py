@@ -51,33 +51,3 @@ def dashboard_asgi(dash_app: Any, token: str | None = None) -> Any:
                     "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
         await send({"type": "http.response.body", "body": body})
     return gate
-
-
-def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
-                    config: Any = None, ready: Any = None, log_level: str = "warning") -> None:
-    """Serve the dashboard alone over a store file opened read-only, until SIGINT/SIGTERM."""
-    import asyncio
-    import signal
-
-    import uvicorn
-
-    from collector.store_parquet import open_store
-    from dashboard.app import create_app
-
-    def _exit(signum: int, frame: Any) -> None:
-        raise SystemExit(0)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _exit)
-    store = open_store(db, read_only=True)
-    try:
-        app = dashboard_asgi(create_app(store, config))
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                               access_log=False, lifespan="off"))
-        if ready is None:
-            server.run()
-        else:
-            from collector.relay import serve_until_exit
-            asyncio.run(serve_until_exit(server, ready))
-    finally:
-        store.close()

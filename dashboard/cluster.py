@@ -2,7 +2,8 @@
 
 Operators ask what gang scheduling, topology-aware placement, checkpoint-on-preempt, fair
 share and a shared spare pool would buy them. The page runs
-:func:`goodlens.clustersim.compare` (same seed, same jobs and failures for both sides) and
+:func:`goodlens.analysis.clustersim.sim.compare` (same seed, same jobs and failures for both sides)
+and
 shows the cluster numbers side by side, where the node-hours went, each owner's share and
 wait, and the allocation over time. Figure builders here are pure (plain dicts in, Plotly
 figures out); the callback only parses the form and caches results.
@@ -18,8 +19,8 @@ import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
 from plotly.subplots import make_subplots
 
-from dashboard.figures import BUCKET_COLORS, label
-from goodlens.units import format_duration
+from goodlens.dashboard.figures import BUCKET_COLORS, label
+from goodlens.model.units import format_duration
 
 DEFAULT_A = {"gang": True, "topo": False, "fair": False, "preempt": "none", "spares": 0}
 DEFAULT_B = {"gang": True, "topo": True, "fair": True, "preempt": "ckpt", "spares": 8}
@@ -55,8 +56,8 @@ def policy_spec(side: dict[str, Any]) -> str:
 
 def run_compare(preset: str, spec_a: str, spec_b: str, seed: int) -> dict[str, Any]:
     """``compare`` for the page, cached (a preset and two specs always give one answer)."""
-    from goodlens.clusterconfig import get_cluster_preset
-    from goodlens.clustersim import compare
+    from goodlens.analysis.clustersim.config import get_cluster_preset
+    from goodlens.analysis.clustersim.sim import compare
     key = (preset, spec_a, spec_b, seed)
     with _lock:
         if key in _cache:
@@ -197,7 +198,7 @@ def _side(prefix: str, title: str, d: dict[str, Any]) -> html.Div:
 
 def cluster_layout() -> html.Div:
     """The form (preset, seed, two policy sets) and the result area."""
-    from goodlens.clusterconfig import CLUSTER_PRESETS
+    from goodlens.analysis.clustersim.config import CLUSTER_PRESETS
     return html.Div([
         html.H2("Cluster what-if: two scheduling policy sets"),
         html.P("The same simulated cluster, jobs and node failures under two policy sets "

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from goodlens.accounting import account_run
-from goodlens.checkpoints import checkpoint_table
-from goodlens.findings import detect_run, finding_dicts, run_tags, stored_findings
+from goodlens.analysis.accounting import account_run
+from goodlens.analysis.checkpoints import checkpoint_table
+from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stored_findings
 
 
 @dataclass
@@ -54,7 +54,7 @@ class DashConfig:
 
 
 class RunData:
-    """Cached page data over a store (``collector.store.Store``)."""
+    """Cached page data over a store (``goodlens.storage.store.Store``)."""
 
     def __init__(self, store: Any, config: DashConfig | None = None,
                  max_entries: int = 64) -> None:
@@ -146,7 +146,7 @@ class RunData:
         return self._cached(("checkpoints", run_id, v), lambda: self._checkpoints(run_id))
 
     def _checkpoints(self, run_id: str) -> dict[str, Any]:
-        from goodlens.measured import measure_run
+        from goodlens.analysis.measured import measure_run
         table = checkpoint_table(self.store.events(run_id, kinds=[
             "ckpt_save_start", "ckpt_save_blocking_end", "ckpt_save_durable_end"]))
         m = measure_run(self.store, run_id)
@@ -221,7 +221,7 @@ class RunData:
 
     def whatif_calibration(self, run_id: str) -> Any:
         """The simulator calibrated to the run (cached per version)."""
-        from goodlens.whatif import calibrate
+        from goodlens.analysis.whatif import calibrate
         v = self.version(run_id)
         if v is None:
             return None
@@ -232,7 +232,7 @@ class RunData:
 
     def whatif(self, run_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
         """Simulated breakdown of the run as it was and with ``changes`` (cached)."""
-        from goodlens.whatif import what_if
+        from goodlens.analysis.whatif import what_if
         cal = self.whatif_calibration(run_id)
         if cal is None:
             return None

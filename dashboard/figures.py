@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from goodlens.accounting import BUCKETS, RESTART_PARTS
-from goodlens.units import format_duration
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.model.units import format_duration
 
 BUCKET_COLORS = {"productive": "#2ca02c", "straggler_wait": "#ff7f0e",
                  "checkpoint_stall": "#1f77b4", "recompute": "#d62728", "restart": "#9467bd",
@@ -218,7 +218,7 @@ def checkpoint_figure(table: pd.DataFrame) -> go.Figure:
     """Each checkpoint's stall and write time over the run, the stall's trend, and size."""
     if not len(table):
         return empty_figure("no checkpoint in this run")
-    from goodlens.checkpoints import checkpoint_trend
+    from goodlens.analysis.checkpoints import checkpoint_trend
     t = _times(table.start)
     fig = go.Figure(layout=_LAYOUT)
     fig.add_bar(x=t, y=table.stall_s, name="stall (training blocked)", marker_color="#1f77b4")
@@ -239,7 +239,7 @@ def checkpoint_figure(table: pd.DataFrame) -> go.Figure:
 
 def interval_figure(measured: dict[str, Any]) -> go.Figure:
     """Expected goodput against the checkpoint interval, with the run's and the best."""
-    from goodlens.planner import interval_plan
+    from goodlens.analysis.planner import interval_plan
     c, m = measured.get("checkpoint_stall_s"), measured.get("mtbf_s")
     r = measured.get("restart_cost_s")
     if not (c and m and r is not None and c < m):

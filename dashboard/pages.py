@@ -1,4 +1,4 @@
-"""Page layouts: the data of :mod:`dashboard.data` laid out as Dash components.
+"""Page layouts: the data of :mod:`goodlens.dashboard.data` laid out as Dash components.
 
 Pure functions of their arguments (no store, no callbacks), so every page renders the same
 from a test as in the browser. Numbers a test compares carry their exact value in the
@@ -14,9 +14,9 @@ from urllib.parse import quote
 import pandas as pd
 from dash import dcc, html
 
-from dashboard import figures as fig
-from goodlens.accounting import BUCKETS, RESTART_PARTS
-from goodlens.units import format_duration, format_instant
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.dashboard import figures as fig
+from goodlens.model.units import format_duration, format_instant
 
 PAGES = (("overview", "Overview"), ("ranks", "Ranks"), ("checkpoints", "Checkpoints"),
          ("whatif", "What-if"))

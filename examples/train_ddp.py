@@ -33,8 +33,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collector.exporter import RankExporter  # goodlens
-from goodlens import torch as gl  # goodlens
+from goodlens.exporter import torch as gl  # goodlens
+from goodlens.exporter.recorder import RankExporter  # goodlens
 
 DIM = 32
 

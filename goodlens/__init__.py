@@ -1,7 +1,19 @@
 """goodlens: goodput observability for large distributed training runs.
 
-This package holds what does not depend on HTTP or the browser: the data model, units and
-durations, the trace format and the command-line interface that wires the parts together.
+One import name, laid out as the data flows (``docs/architecture.md``):
+
+- ``goodlens.exporter``: what runs inside training (recorder, transport, spill, relay client,
+  PyTorch integration); depends on ``goodlens.model`` alone and installs without the server.
+- ``goodlens.model``: schema, units, event kinds, wire and trace formats.
+- ``goodlens.storage``: the DuckDB and Parquet stores, their DDL, the single writer.
+- ``goodlens.detectors`` and ``goodlens.analysis``: statistics, accounting, planners,
+  simulators; no I/O.
+- ``goodlens.collector``: the HTTP service (ingest, reads, ``/metrics``, live detection, relay).
+- ``goodlens.dashboard``: the Dash app.
+- ``goodlens.cli``: the ``goodlens`` command, the one place that wires the parts together.
+
+The folders ``collector/``, ``dashboard/`` and ``detectors/`` at the top of the repository are
+installed as ``goodlens.collector``, ``goodlens.dashboard`` and ``goodlens.detectors``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -2,4 +2,4 @@
 
 from goodlens.cli import main
 
-main()
+main(prog_name="goodlens")

@@ -1,6 +1,6 @@
 """Rebuild the bundled sample traces from fixed seeds (``make sample-data``).
 
-- ``sim-64/`` and ``sim-16/``: simulated runs (``goodlens.tracegen``), each with the
+- ``sim-64/`` and ``sim-16/``: simulated runs (``goodlens.analysis.runsim.tracegen``), each with the
   ground truth the simulator knows and the stragglers it planted (``ground_truth.json``);
   ``sim-64`` shows failures with restarts and recompute, async checkpoints, a persistent
   straggler, a slow switch and an elastic shrink.
@@ -29,7 +29,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from goodlens.trace import write_trace
+from goodlens.model.trace import write_trace
 
 RUN_ID = "demo-8x"
 SEED = 20261129
@@ -172,7 +172,7 @@ def sim_configs() -> dict[str, tuple]:
     """The simulated sample traces: (config, first seed to try, what it must show)."""
     from dataclasses import replace
 
-    from goodlens.presets import get_preset
+    from goodlens.analysis.runsim.presets import get_preset
     h = 3600.0
     rich = replace(get_preset("demo-64"), duration_s=2 * h, step_s=2.0, elastic="shrink",
                    node_mtbf_s=8 * h, straggler_per_node_day=6.0, planned_per_day=2.0,
@@ -200,7 +200,7 @@ def _shows(result, needs: tuple[str, ...]) -> bool:
 
 def generate_sims(root: Path) -> list[Path]:
     """Write each simulated sample trace, from the first seed that shows what it must."""
-    from goodlens.tracegen import generate_trace
+    from goodlens.analysis.runsim.tracegen import generate_trace
     paths = []
     for name, (config, seed, needs) in sim_configs().items():
         for s in range(seed, seed + 500):

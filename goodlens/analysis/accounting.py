@@ -1,0 +1,649 @@
+"""Time accounting: every second of a run's wall-clock in exactly one bucket.
+
+This is the number goodlens exists for. The run's wall-clock (first attempt start to the
+run's end, or now while it runs) is cut into contiguous, non-overlapping segments, each with
+one account (a bucket, or a part of one), so the buckets sum to wall-clock for the run, for
+each attempt and for any window, by construction. Rules (docs/accounting.md has examples):
+
+- **productive**: time of kept steps, minus the straggler wait and checkpoint stall in them.
+- **straggler wait**: per step, the slowest rank's compute time minus the median rank's
+  (``compute_max - compute_median`` of the step summary). When no rank reported a compute
+  split it is *not measured*: reported as None, never as a silent zero (the time stays in
+  productive), with the measured share of step time alongside.
+- **checkpoint stall**: the union of blocking intervals (``ckpt_save_start`` to
+  ``ckpt_save_blocking_end``; to ``ckpt_save_durable_end`` when there is no blocking end) that
+  falls between or inside steps. Asynchronous saves stall only for their blocking part;
+  overlapping saves count once.
+- **recompute**: steps of an attempt that a later attempt rolled back (a step number at or
+  beyond the first step of any later attempt), and the partial step in flight when an attempt
+  failed (the time after its last step, up to one median step, before the failure).
+- **restart**: ``detection`` (after the partial step until ``failure_detected``/``preempted``),
+  ``queue`` (from there to the next attempt's start), ``init`` (attempt start to its first
+  step, except restores), ``restore`` (``ckpt_restore_start`` to ``_end``), ``warmup`` (the
+  first step's excess over the attempt's median step: compile, cache fill) and
+  ``unattributed`` (a failure inferred from a step number reappearing in a later attempt, with
+  no event saying when it was detected). The first attempt's start-up counts here too.
+- **other**: everything else, never hidden: ``unexplained`` gaps between steps, user-labelled
+  ``custom_begin``/``custom_end`` intervals by label (eval, sdc_check, ...), ``shutdown`` after
+  the last step of a completed run, and ``since_last_step`` for a run in progress.
+
+Clocks: step times come from the step summaries' ``ref_start`` (the lowest reporting rank's
+clock, one reference clock per attempt) and the median rank's *duration*, so host clock
+offsets of ±100 ms move step boundaries by at most that much and never break the partition
+(overlaps are trimmed, events are clipped into their attempt). A second view weights each
+segment by GPUs: active (the attempt's world size, updated by ``world_resized``) against
+allocated (the largest world times GPUs per rank, plus ``spare_gpus`` from the run's tags),
+so a shrunk elastic world and idle hot spares show as lost GPU-time.
+
+Pure computation over frames from the store's read API (no SQL, no I/O).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+BUCKETS = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart", "other")
+RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattributed")
+#: Event kinds accounting reads (heartbeats, the most numerous, are not among them).
+ACCOUNTING_KINDS = ("attempt_start", "attempt_end", "failure_detected", "preempted",
+                    "ckpt_save_start", "ckpt_save_blocking_end", "ckpt_save_durable_end",
+                    "ckpt_restore_start", "ckpt_restore_end", "custom_begin", "custom_end",
+                    "world_resized")
+_STEP_COLS = ["attempt", "step", "ref_start", "step_start", "duration_median",
+              "compute_median", "compute_max", "compute_ranks", "ranks"]
+
+
+class RunSource(Protocol):
+    """What accounting reads: the store's read API (``goodlens.storage.store.Store``)."""
+
+    def runs(self) -> pd.DataFrame: ...
+    def run(self, run_id: str) -> dict[str, Any] | None: ...
+    def attempts(self, run_id: str) -> pd.DataFrame: ...
+    def step_summaries(self, run_id: str) -> pd.DataFrame: ...
+    def events(self, run_id: str, kinds: list[str] | None = None) -> pd.DataFrame: ...
+
+
+@dataclass
+class Breakdown:
+    """Where the wall-clock of a run (or an attempt, or a window) went, in seconds."""
+
+    run: str
+    start: float
+    end: float
+    wall_clock_s: float
+    goodput: float
+    """Productive share of wall-clock (0 for an empty window)."""
+    buckets: dict[str, float | None]
+    """Seconds per bucket; ``straggler_wait`` is None when not measured."""
+    restart_parts: dict[str, float]
+    other_parts: dict[str, float]
+    gpu_time_goodput: float | None
+    """Productive GPU-seconds over allocated GPU-seconds (None when no GPU count is known)."""
+    gpu_seconds: dict[str, float]
+    """GPU-seconds: ``allocated``, ``idle_allocated`` (shrunk world, spares) and each bucket."""
+    straggler_wait_measured: float
+    """Share of step time whose compute split was reported (1.0 fully measured, 0 not)."""
+    in_progress: bool
+    attempt: int | None = None
+    steps: dict[str, int] = field(default_factory=dict)
+    """Step counts: ``kept``, ``recomputed``, ``incomplete`` (fewer ranks than the attempt's
+    most), only in whole-run and per-attempt breakdowns."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (what ``goodlens report --json`` prints)."""
+        return _finite(asdict(self))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+class Accounting:
+    """A run's wall-clock as contiguous single-account segments; query any window."""
+
+    def __init__(self, run: str, seg_start: np.ndarray, seg_len: np.ndarray,
+                 seg_key: np.ndarray, keys: list[str], seg_attempt: np.ndarray,
+                 seg_gpus: np.ndarray, gpus_allocated: float, step_time: float,
+                 measured_time: float, in_progress: bool,
+                 attempt_spans: dict[int, tuple[float, float]],
+                 step_counts: dict[int | None, dict[str, int]], measured: bool,
+                 start: float = math.nan) -> None:
+        self.run = run
+        self.seg_start, self.seg_len, self.seg_key = seg_start, seg_len, seg_key
+        self.seg_end = seg_start + seg_len
+        self.keys = keys
+        self.seg_attempt, self.seg_gpus = seg_attempt, seg_gpus
+        self.gpus_allocated = gpus_allocated
+        self.step_time, self.measured_time = step_time, measured_time
+        self.in_progress = in_progress
+        self.attempt_spans = attempt_spans
+        self.step_counts = step_counts
+        self.measured = measured
+        # a run of zero length (or none at all) still has a start: its first attempt's
+        self.start = float(seg_start[0]) if len(seg_start) else start
+        self.end = float(self.seg_end[-1]) if len(seg_start) else start
+
+    def breakdown(self, since: float | None = None, until: float | None = None,
+                  attempt: int | None = None) -> Breakdown:
+        """The breakdown of ``[since, until]`` (clipped to the run), or of one attempt."""
+        if attempt is not None:
+            if attempt not in self.attempt_spans:
+                raise KeyError(f"run {self.run} has no attempt {attempt}")
+            since, until = self.attempt_spans[attempt]
+        lo = self.start if since is None else max(since, self.start)
+        hi = self.end if until is None else min(until, self.end)
+        if not hi > lo:
+            lo = hi = lo if not math.isnan(lo) else 0.0
+        overlap = np.clip(np.minimum(self.seg_end, hi) - np.maximum(self.seg_start, lo), 0, None)
+        per_key = np.bincount(self.seg_key, weights=overlap, minlength=len(self.keys))
+        gpu_key = np.bincount(self.seg_key, weights=overlap * self.seg_gpus,
+                              minlength=len(self.keys))
+        acc = dict(zip(self.keys, per_key.tolist()))
+        gacc = dict(zip(self.keys, gpu_key.tolist()))
+        wall = float(hi - lo)
+        buckets = {b: sum(v for k, v in acc.items() if k.split(":")[0] == b) for b in BUCKETS}
+        if not self.measured:
+            buckets["straggler_wait"] = None
+        restart = {p: acc.get(f"restart:{p}", 0.0) for p in RESTART_PARTS}
+        other = {k.split(":", 1)[1]: v for k, v in acc.items() if k.startswith("other:") and v}
+        gpu = {b: sum(v for k, v in gacc.items() if k.split(":")[0] == b) for b in BUCKETS}
+        allocated = self.gpus_allocated * wall
+        gpu["idle_allocated"] = allocated - float(np.dot(overlap, self.seg_gpus))
+        gpu["allocated"] = allocated
+        counts = self.step_counts.get(attempt if attempt is not None else None, {}) \
+            if (since is None and until is None) or attempt is not None else {}
+        return Breakdown(
+            run=self.run, start=float(lo), end=float(hi), wall_clock_s=wall,
+            goodput=buckets["productive"] / wall if wall > 0 else 0.0,
+            buckets=buckets, restart_parts=restart, other_parts=other,
+            gpu_time_goodput=(gpu["productive"] / allocated) if allocated > 0 else None,
+            gpu_seconds=gpu,
+            straggler_wait_measured=(self.measured_time / self.step_time
+                                     if self.step_time > 0 else 0.0),
+            in_progress=self.in_progress, attempt=attempt, steps=counts)
+
+    def by_attempt(self) -> list[Breakdown]:
+        """One breakdown per attempt (each attempt owns the time until the next one starts)."""
+        return [self.breakdown(attempt=a) for a in sorted(self.attempt_spans)]
+
+    def cumulative(self, times: np.ndarray) -> np.ndarray:
+        """Seconds per account key from the run's start up to each of ``times``: an array
+        of shape ``(len(times), len(keys))``. Segments are contiguous and ordered, so this is
+        a prefix sum over whole segments plus the part of the one ``t`` falls in."""
+        t = np.asarray(times, dtype=float)
+        n, k = len(self.seg_start), len(self.keys)
+        if not n:
+            return np.zeros((len(t), k))
+        onehot = np.zeros((n, k))
+        onehot[np.arange(n), self.seg_key] = self.seg_len
+        prefix = np.vstack([np.zeros(k), np.cumsum(onehot, axis=0)])
+        full = np.searchsorted(self.seg_end, t, side="right")  # segments ended by t
+        out = prefix[np.minimum(full, n)]
+        part = full < n
+        i = full[part]
+        out[np.flatnonzero(part), self.seg_key[i]] += np.clip(t[part] - self.seg_start[i], 0,
+                                                              None)
+        return out
+
+    def goodput_series(self, window_s: float | None = None, points: int = 200) -> pd.DataFrame:
+        """Rolling goodput: for ``points`` window ends across the run, the productive share
+        (and every bucket's share) of the preceding ``window_s`` (default: 1/20 of the run)."""
+        if not len(self.seg_start) or not self.end > self.start:
+            return pd.DataFrame(columns=["time", "goodput", *BUCKETS])
+        span = self.end - self.start
+        w = window_s or span / 20
+        ends = np.linspace(self.start + min(w, span), self.end, points)
+        lo = np.maximum(self.start, ends - w)
+        per_key = self.cumulative(ends) - self.cumulative(lo)
+        wall = ends - lo
+        share = np.divide(per_key, wall[:, None], out=np.zeros_like(per_key),
+                          where=wall[:, None] > 0)
+        out = {"time": ends}
+        for b in BUCKETS:
+            cols = [j for j, key in enumerate(self.keys) if key.split(":")[0] == b]
+            out[b] = share[:, cols].sum(axis=1) if cols else np.zeros(len(ends))
+        out["goodput"] = out["productive"]
+        return pd.DataFrame(out)[["time", "goodput", *BUCKETS]]
+
+
+def report_dict(source: RunSource, run_id: str | None = None, since: str | float | None = None,
+                until: str | float | None = None, now: float | None = None,
+                hang_floor_s: float = 60.0) -> dict[str, Any]:
+    """The report of one run (default: the most recently started), optionally a window:
+    the run's breakdown plus one per attempt, as plain JSON-ready data (a run in progress
+    also gets its :func:`run_silence`, with the hang timeout's floor ``hang_floor_s``)."""
+    from goodlens.model.units import parse_instant
+
+    if run_id is None:
+        runs = source.runs()
+        if not len(runs):
+            raise KeyError("the store holds no runs yet")
+        run_id = str(runs.iloc[0].run_id)
+    attempts, steps = source.attempts(run_id), source.step_summaries(run_id)
+    acc = account_run(source, run_id, now=now, attempts=attempts, steps=steps)
+    lo = parse_instant(since, acc.start, acc.end) if since is not None else None
+    hi = parse_instant(until, acc.start, acc.end) if until is not None else None
+    if lo is not None and hi is not None and hi < lo:
+        raise ValueError("--until is before --since")
+    rep = acc.breakdown(lo, hi).as_dict()
+    rep["attempts"] = [b.as_dict() for b in acc.by_attempt()
+                       if lo is None and hi is None]
+    if rep["in_progress"]:
+        rep["silence"] = run_silence(attempts, steps, now, hang_floor_s)
+    return rep
+
+
+def run_silence(attempts: pd.DataFrame, steps: pd.DataFrame, now: float | None = None,
+                hang_floor_s: float = 60.0) -> dict[str, Any]:
+    """For a run in progress (its attempts and step summaries): how long its current
+    attempt has been quiet, the timeout its step rhythm gives, and whether it is past it
+    (``silent``: hung, or gone without an end event; ``goodlens end-run`` ends it)."""
+    from goodlens.detectors.hangs import HangConfig, silence
+
+    last = attempts.sort_values("attempt").iloc[-1]
+    steps = steps[steps.attempt == int(last["attempt"])] if len(steps) else steps
+    clock = time.time() if now is None else now
+    activity = _num(last.get("last_activity"), _num(last.get("start"), clock))
+    s = silence(steps.step_end.to_numpy(dtype=float) if len(steps) else np.zeros(0),
+                activity, clock, HangConfig(min_timeout_s=hang_floor_s))
+    return {"attempt": int(last["attempt"]), "last_activity": s.last_activity,
+            "silent_s": s.silent_s, "timeout_s": s.timeout_s, "silent": s.silent}
+
+
+# ---------------------------------------------------------------------------- building
+def account_run(source: RunSource, run_id: str, now: float | None = None, *,
+                attempts: pd.DataFrame | None = None,
+                steps: pd.DataFrame | None = None) -> Accounting:
+    """Account a stored run (``source`` is a :class:`goodlens.storage.store.Store`); ``attempts``
+    and ``steps``: the run's attempts and step summaries when the caller has read them."""
+    info = source.run(run_id)
+    if info is None:
+        raise KeyError(f"no run {run_id!r}")
+    tags = info.get("tags")
+    try:
+        tags = json.loads(tags) if isinstance(tags, str) else (tags or {})
+    except ValueError:
+        tags = {}
+    ev = source.events(run_id, kinds=list(ACCOUNTING_KINDS))
+    if attempts is None:
+        attempts = source.attempts(run_id)
+    if steps is None:
+        steps = source.step_summaries(run_id)
+    return account(run_id, attempts, steps, ev,
+                   world_size=_int(info.get("world_size")),
+                   gpus_per_rank=_int(info.get("gpus_per_rank")) or 1,
+                   spare_gpus=_int(tags.get("spare_gpus") if isinstance(tags, dict) else 0) or 0,
+                   now=now)
+
+
+def _int(v: Any) -> int | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+        return None
+    return int(v)
+
+
+def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,
+            *, world_size: int | None = None, gpus_per_rank: int = 1, spare_gpus: int = 0,
+            now: float | None = None) -> Accounting:
+    """Build the segments of one run from its attempts, step summaries and events."""
+    attempts = attempts.sort_values("attempt").reset_index(drop=True)
+    steps = steps[_STEP_COLS].sort_values(["attempt", "step"]) if len(steps) else \
+        pd.DataFrame(columns=_STEP_COLS)
+    if attempts.empty:
+        return _Builder(run_id, events, gpus_per_rank, {}).finish(
+            world_size, spare_gpus, in_progress=False, spans={}, counts={}, start=math.nan)
+    by_attempt = {a: g for a, g in steps.groupby("attempt", sort=True)}
+    firsts = {a: int(g.step.min()) for a, g in by_attempt.items()}
+    last_row = attempts.iloc[-1]
+    in_progress = _isnull(last_row["end"])
+    if in_progress:
+        clock = time.time() if now is None else now
+        run_end = max(clock, _num(last_row.get("last_activity"), clock))
+    else:
+        run_end = float(last_row["end"])
+    # each attempt owns the time from its start to the next attempt's start
+    spans: dict[int, tuple[float, float]] = {}
+    prev_end = None
+    n = len(attempts)
+    for i in range(n):
+        start = float(attempts.iloc[i]["start"])
+        if prev_end is not None:
+            start = max(start, prev_end)
+        end = float(attempts.iloc[i + 1]["start"]) if i + 1 < n else run_end
+        spans[int(attempts.iloc[i]["attempt"])] = (start, max(end, start))
+        prev_end = max(end, start)
+    b = _Builder(run_id, events, gpus_per_rank, {a: e for a, (_, e) in spans.items()})
+    counts: dict[int | None, dict[str, int]] = {None: {"kept": 0, "recomputed": 0,
+                                                       "incomplete": 0}}
+    for i, row in attempts.iterrows():
+        a = int(row["attempt"])
+        later = [firsts[x] for x in attempts.attempt.iloc[i + 1:] if x in firsts]
+        c = b.attempt(a, *spans[a], row, by_attempt.get(a), min(later) if later else None,
+                      last=(i + 1 == n), in_progress=in_progress)
+        counts[a] = c
+        for k in counts[None]:
+            counts[None][k] += c[k]
+    return b.finish(world_size, spare_gpus, in_progress, spans, counts,
+                    start=float(attempts.iloc[0]["start"]))
+
+
+def _isnull(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
+def _num(v: Any, default: float) -> float:
+    return default if _isnull(v) else float(v)
+
+
+class _Builder:
+    """Accumulates segments attempt by attempt."""
+
+    def __init__(self, run: str, events: pd.DataFrame, gpus_per_rank: int,
+                 attempt_ends: dict[int, float]) -> None:
+        self.run = run
+        self.attempt_ends = attempt_ends
+        self.ev = events.sort_values("time") if len(events) else events
+        self.gpr = gpus_per_rank
+        self.keys: list[str] = []
+        self.key_ix: dict[str, int] = {}
+        self.starts: list[np.ndarray] = []
+        self.lens: list[np.ndarray] = []
+        self.kix: list[np.ndarray] = []
+        self.att: list[np.ndarray] = []
+        self.gpus: list[np.ndarray] = []
+        self.step_time = 0.0
+        self.measured_time = 0.0
+        self.any_measured = False
+        self.max_world = 0
+        self.blocking = _union(self._pairs("ckpt_save_start",
+                                           ("ckpt_save_blocking_end", "ckpt_save_durable_end")))
+        self.restores = _union(self._pairs("ckpt_restore_start", ("ckpt_restore_end",)))
+        self.custom: dict[str, np.ndarray] = {}
+        for label, ivs in self._custom().items():
+            self.custom[label] = _subtract(_union(ivs), self.blocking)
+
+    # -- events to intervals -------------------------------------------------
+    def _pairs(self, start_kind: str, end_kinds: tuple[str, ...]) -> list[tuple[float, float]]:
+        """Each start paired with the first end after it from the same emitter and attempt,
+        matching ``step`` and ``tier`` when both carry them (strictest match first; the
+        first end kind preferred); an unmatched start lasts until its attempt ends.
+        Vectorised: every rank of a 16k-rank job may emit its own checkpoint events."""
+        ev = self.ev
+        if not len(ev):
+            return []
+        cols = ["time", "source", "attempt", "step", "tier"]
+        ev = ev[cols].assign(step=ev.step.fillna(-1).astype("int64"),
+                             tier=ev.tier.fillna("").astype(str))
+        starts = ev[self.ev.kind.to_numpy() == start_kind].sort_values("time")
+        if not len(starts):
+            return []
+        starts = starts.reset_index(drop=True).assign(end=np.inf)
+        keysets = (["source", "attempt", "step", "tier"], ["source", "attempt", "tier"],
+                   ["source", "attempt"])
+        # strictest keys first over every end kind (the preferred kind first within a key
+        # set), so a loose match never steals the end that a strict one would have found
+        for by in keysets:
+            for kind in end_kinds:
+                ends = ev[self.ev.kind.to_numpy() == kind]
+                todo = np.isinf(starts.end.to_numpy())
+                if not len(ends) or not todo.any():
+                    continue
+                right = ends[["time", *by]].rename(columns={"time": "t_end"})
+                m = pd.merge_asof(starts.loc[todo, ["time", *by]], right.sort_values("t_end"),
+                                  left_on="time", right_on="t_end", by=by,
+                                  direction="forward")
+                found = m.t_end.notna().to_numpy()
+                idx = starts.index[todo][found]
+                starts.loc[idx, "end"] = m.t_end.to_numpy()[found]
+        # a start never matched (a crash mid-save) lasts until its attempt ends, no longer
+        ends = starts.attempt.map(self.attempt_ends).astype(float).fillna(np.inf).to_numpy()
+        end = np.where(np.isinf(starts.end.to_numpy()), ends, starts.end.to_numpy())
+        return list(zip(starts.time.astype(float), end.astype(float)))
+
+    def _custom(self) -> dict[str, list[tuple[float, float]]]:
+        ev = self.ev
+        if not len(ev) or not ev.kind.isin(["custom_begin", "custom_end"]).any():
+            return {}
+        labelled = ev.assign(label=ev.label.where(ev.label.notna() & (ev.label != ""),
+                                                  "custom"))
+        saved, self.ev = self.ev, labelled
+        try:
+            pairs = {}
+            for label in labelled[labelled.kind == "custom_begin"].label.unique():
+                self.ev = labelled[labelled.label == label]
+                pairs[str(label)] = self._pairs("custom_begin", ("custom_end",))
+            return pairs
+        finally:
+            self.ev = saved
+
+    def _key(self, name: str) -> int:
+        if name not in self.key_ix:
+            self.key_ix[name] = len(self.keys)
+            self.keys.append(name)
+        return self.key_ix[name]
+
+    def _emit(self, starts: np.ndarray, lens: np.ndarray, keys: np.ndarray, attempt: int,
+              gpus: tuple[np.ndarray, np.ndarray]) -> None:
+        """Add segments; ``gpus`` is the attempt's (times, active GPUs) timeline, read at
+        each segment's start."""
+        keep = lens > 0
+        st = starts[keep]
+        self.starts.append(st)
+        self.lens.append(lens[keep])
+        self.kix.append(keys[keep])
+        self.att.append(np.full(len(st), attempt))
+        times, values = gpus
+        self.gpus.append(values[np.clip(np.searchsorted(times, st, side="right") - 1, 0, None)])
+
+    def _paint(self, a: float, b: float, attempt: int, gpus: tuple[np.ndarray, np.ndarray],
+               layers: list[tuple[np.ndarray, str]], default: str) -> None:
+        """Cover [a, b]: the first layer containing a piece names it, else ``default``."""
+        if not b > a:
+            return
+        cuts = [a, b]
+        for ivs, _ in layers:
+            inside = ivs[(ivs[:, 1] > a) & (ivs[:, 0] < b)] if len(ivs) else ivs
+            cuts.extend(float(x) for x in inside.ravel() if a < x < b)
+        cuts = sorted(set(cuts))
+        starts, lens, keys = [], [], []
+        for lo, hi in itertools.pairwise(cuts):
+            mid = (lo + hi) / 2
+            name = default
+            for ivs, key in layers:
+                if _covers(ivs, mid):
+                    name = key
+                    break
+            starts.append(lo)
+            lens.append(hi - lo)
+            keys.append(self._key(name))
+        self._emit(np.array(starts), np.array(lens), np.array(keys, dtype=np.int64), attempt,
+                   gpus)
+
+    def _world(self, attempt: int, steps: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
+        """The attempt's active GPUs over time: ``attempt_start`` and ``world_resized``
+        events, else the most ranks that reported a step."""
+        ev = self.ev
+        times, worlds = [-np.inf], [float(steps.ranks.max()) if steps is not None and
+                                    len(steps) else 0.0]
+        if len(ev):
+            mine = ev[(ev.attempt == attempt) & ev.kind.isin(["attempt_start", "world_resized"])
+                      & ev.world_size.notna()].sort_values("time")
+            if len(mine):
+                worlds[0] = float(mine.world_size.iloc[0])
+                times += list(mine.time.astype(float).iloc[1:])
+                worlds += list(mine.world_size.astype(float).iloc[1:])
+        values = np.array(worlds) * self.gpr
+        self.max_world = max(self.max_world, max(worlds))
+        return np.array(times), values
+
+    # -- one attempt ------------------------------------------------------------
+    def attempt(self, a: int, start: float, end: float, row: Any, steps: pd.DataFrame | None,
+                rollback: int | None, last: bool, in_progress: bool) -> dict[str, int]:
+        gpus = self._world(a, steps)
+        reason = row["end_reason"]
+        end_ev = _num(row["end"], end)
+        end_ev = min(max(end_ev, start), end)
+        counts = {"kept": 0, "recomputed": 0, "incomplete": 0}
+        restores = [(self.restores, "restart:restore")]
+        if steps is None or not len(steps):
+            # never reached a step: start-up until the end event, then queue
+            self._paint(start, end_ev, a, gpus, restores, "restart:init")
+            tail = "restart:queue" if not (last and in_progress) else "restart:init"
+            self._paint(end_ev, end, a, gpus, [], tail)
+            return counts
+        s = steps.ref_start.to_numpy(dtype=float)
+        s = np.where(np.isnan(s), steps.step_start.to_numpy(dtype=float), s)
+        order = np.argsort(s, kind="stable")
+        st = steps.iloc[order]
+        s = np.clip(s[order], start, end)
+        d = np.clip(st.duration_median.to_numpy(dtype=float), 0, None)
+        e = np.minimum(s + d, end)
+        e[:-1] = np.minimum(e[:-1], s[1:])  # trim overlaps (clock noise between ranks)
+        e = np.maximum(e, s)
+        dur = e - s
+        med = float(np.median(dur)) if len(dur) else 0.0
+        lost = (st.step.to_numpy() >= rollback) if rollback is not None else \
+            np.zeros(len(st), dtype=bool)
+        ranks = st.ranks.to_numpy()
+        counts = {"kept": int((~lost).sum()), "recomputed": int(lost.sum()),
+                  "incomplete": int((ranks < ranks.max()).sum())}
+        # start-up: attempt start to first step
+        self._paint(start, float(s[0]), a, gpus, restores, "restart:init")
+        # inside steps: warm-up (first step), checkpoint stall, straggler wait, the rest
+        warm = np.zeros(len(dur))
+        warm[0] = max(0.0, dur[0] - med)
+        stall = _overlap(self.blocking, s, e)
+        stall = np.minimum(stall, dur - warm)
+        cmax = st.compute_max.to_numpy(dtype=float)
+        cmed = st.compute_median.to_numpy(dtype=float)
+        measured = st.compute_ranks.to_numpy() > 0
+        sw = np.where(measured, np.nan_to_num(cmax - cmed, nan=0.0), 0.0)
+        sw = np.clip(sw, 0, dur - warm - stall)
+        sw = np.where(lost, 0.0, sw)
+        stall = np.where(lost, 0.0, stall)
+        rest = dur - warm - stall - sw
+        self.step_time += float(dur.sum())
+        self.measured_time += float(dur[measured].sum())
+        self.any_measured = self.any_measured or bool(measured.any())
+        k_rest = np.where(lost, self._key("recompute"), self._key("productive"))
+        parts = [(warm, np.full(len(s), self._key("restart:warmup"))),
+                 (stall, np.full(len(s), self._key("checkpoint_stall"))),
+                 (sw, np.full(len(s), self._key("straggler_wait"))),
+                 (rest, k_rest)]
+        offset = s.copy()
+        for length, keys in parts:
+            self._emit(offset.copy(), length, keys, a, gpus)
+            offset += length
+        # gaps between steps: checkpoint stall, custom labels, else unexplained
+        layers = [(self.blocking, "checkpoint_stall")] + [
+            (ivs, f"other:{label}") for label, ivs in self.custom.items()]
+        gap_s, gap_e = e[:-1], s[1:]
+        has_gap = gap_e > gap_s
+        touched = np.zeros(len(gap_s), dtype=bool)
+        for ivs, _ in layers:
+            touched |= _overlap(ivs, gap_s, gap_e) > 0
+        plain = has_gap & ~touched
+        self._emit(gap_s[plain], (gap_e - gap_s)[plain],
+                   np.full(int(plain.sum()), self._key("other:unexplained")), a, gpus)
+        for i in np.flatnonzero(has_gap & touched):
+            self._paint(float(gap_s[i]), float(gap_e[i]), a, gpus, layers, "other:unexplained")
+        # after the last step
+        last_end = float(e[-1])
+        if _isnull(reason):  # still running: the step in flight, or a hang, shows here
+            self._paint(last_end, end, a, gpus, layers, "other:since_last_step")
+        elif reason in ("completed", "ended"):  # a clean end; a later attempt waits in queue
+            self._paint(last_end, end_ev, a, gpus, layers, "other:shutdown")
+            self._paint(max(end_ev, last_end), end, a, gpus, [], "restart:queue")
+        elif reason == "resized":  # a graceful elastic reconfiguration: nothing lost
+            self._paint(last_end, end, a, gpus, layers, "restart:init")
+        elif reason == "unknown":  # inferred from the next attempt: no detection time known
+            partial = min(med, end - last_end)
+            self._paint(last_end, last_end + partial, a, gpus, [], "recompute")
+            self._paint(last_end + partial, end, a, gpus, [], "restart:unattributed")
+        else:  # failed, preempted or another cause: partial step, detection, queue
+            partial = min(med, max(0.0, end_ev - last_end))
+            self._paint(last_end, last_end + partial, a, gpus, [], "recompute")
+            self._paint(last_end + partial, end_ev, a, gpus, [], "restart:detection")
+            self._paint(max(end_ev, last_end), end, a, gpus, [], "restart:queue")
+        return counts
+
+    def finish(self, world_size: int | None, spare_gpus: int, in_progress: bool,
+               spans: dict, counts: dict, start: float) -> Accounting:
+        def cat(xs, dt=float):
+            return (np.concatenate(xs) if xs else np.zeros(0, dtype=dt))
+        starts, lens = cat(self.starts), cat(self.lens)
+        order = np.argsort(starts, kind="stable")
+        world = max(self.max_world, float(world_size or 0))
+        for k in ("productive", "straggler_wait", "checkpoint_stall", "recompute"):
+            self._key(k)
+        return Accounting(
+            self.run, starts[order], lens[order], cat(self.kix, np.int64)[order], self.keys,
+            cat(self.att, np.int64)[order], cat(self.gpus)[order],
+            world * self.gpr + spare_gpus, self.step_time, self.measured_time, in_progress,
+            spans, counts, self.any_measured, start)
+
+
+# ---------------------------------------------------------------------------- intervals
+def _union(ivs: list[tuple[float, float]]) -> np.ndarray:
+    """Sorted, merged intervals as an (n, 2) array."""
+    if not ivs:
+        return np.zeros((0, 2))
+    arr = sorted((a, b) for a, b in ivs if b > a)
+    out: list[list[float]] = []
+    for a, b in arr:
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return np.array(out) if out else np.zeros((0, 2))
+
+
+def _subtract(ivs: np.ndarray, minus: np.ndarray) -> np.ndarray:
+    """``ivs`` with the parts covered by ``minus`` removed (both merged and sorted)."""
+    out = []
+    for a, b in ivs:
+        cur = a
+        for c, d in minus:
+            if d <= cur or c >= b:
+                continue
+            if c > cur:
+                out.append((cur, c))
+            cur = max(cur, d)
+        if cur < b:
+            out.append((cur, b))
+    return np.array(out) if out else np.zeros((0, 2))
+
+
+def _covers(ivs: np.ndarray, t: float) -> bool:
+    if not len(ivs):
+        return False
+    i = int(np.searchsorted(ivs[:, 0], t, side="right")) - 1
+    return i >= 0 and ivs[i, 1] > t
+
+
+def _overlap(ivs: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of ``[a_i, b_i]`` covered by the merged intervals ``ivs`` (vectorised)."""
+    if not len(ivs) or not len(a):
+        return np.zeros(len(a))
+    finite = np.where(np.isinf(ivs[:, 1]), np.maximum(ivs[:, 0], np.max(b)), ivs[:, 1])
+    bounds = np.column_stack([ivs[:, 0], finite]).ravel()
+    cum = np.concatenate([[0.0], np.cumsum(np.where(np.arange(len(bounds) - 1) % 2 == 0,
+                                                     np.diff(bounds), 0.0))])
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        return np.interp(t, bounds, cum, left=0.0, right=cum[-1])
+    return np.clip(covered_until(b) - covered_until(a), 0, None)

@@ -1,0 +1,199 @@
+"""What every ``goodlens`` command module shares: parameter types (durations, sizes, store
+specs), opening a store with errors a user can act on, talking to a running collector, and
+the two output forms (``--json`` through the one conversion, plain-text tables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from goodlens.model.jsonable import dumps
+from goodlens.model.units import parse_bytes, parse_duration
+
+DEFAULT_PORT = 8470
+LOG_LEVELS = click.Choice(["critical", "error", "warning", "info", "debug"])
+
+
+class Duration(click.ParamType):
+    """A click parameter accepting ``90s``, ``5m``, ``24h``; yields seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class ByteSize(click.ParamType):
+    """A size such as ``64MiB``, ``1GB`` or a number of bytes (:func:`parse_bytes`)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        try:
+            return int(parse_bytes(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def echo_json(obj: Any) -> None:
+    """Print ``obj`` as indented JSON, converted by :func:`goodlens.model.jsonable.plain`."""
+    click.echo(dumps(obj, indent=2))
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    """A plain-text table of ``rows`` with ``(key, header)`` columns."""
+    cells = [[header for _, header in columns]]
+    for row in rows:
+        cells.append(["-" if row.get(k) is None else str(row.get(k)) for k, _ in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def read_run(db: str, run_id: str, read: Any) -> Any:
+    """``read(store, run_id)`` over a store opened read-only, after checking the run is
+    there (a clear error naming the store when not); the store is closed afterwards."""
+    store = open_store(db)
+    try:
+        if store.run(run_id) is None:
+            raise click.ClickException(f"no run {run_id!r} in {db}; see `goodlens runs`")
+        return read(store, run_id)
+    finally:
+        store.close()
+
+
+class StoreSpec(click.ParamType):
+    """``--db``: a DuckDB file, or ``parquet:DIR`` for a Parquet dataset."""
+
+    name = "PATH|parquet:DIR"
+
+    def __init__(self, exists: bool = False) -> None:
+        self.exists = exists
+
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str:
+        """Shown in --help as is (click would upper-case the name)."""
+        return self.name
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value)
+        if text.startswith("parquet:"):
+            folder = Path(text[len("parquet:"):])
+            if self.exists and not (folder / "_goodlens.json").exists():
+                self.fail(f"no goodlens Parquet dataset in {folder}", param, ctx)
+            return text
+        path = Path(text[len("duckdb:"):] if text.startswith("duckdb:") else text)
+        if path.is_dir():
+            self.fail(f"{path} is a directory; for a Parquet dataset pass parquet:{path}",
+                      param, ctx)
+        if self.exists and not path.exists():
+            self.fail(f"{path} does not exist", param, ctx)
+        return str(path)
+
+
+def open_store(db: str, read_only: bool = True) -> Any:
+    """Open a DuckDB file or ``parquet:DIR``; a held, missing or foreign file is a clean error."""
+    from goodlens.storage.parquet import open_store as open_any
+    from goodlens.storage.store import SchemaMismatch
+    try:
+        return open_any(db, read_only=read_only)
+    except (FileNotFoundError, RuntimeError, SchemaMismatch) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def get_json(url: str, token: str | None, body: Any = None) -> Any:
+    """GET ``url`` (POST ``body`` as JSON when given) from a collector; the JSON answer."""
+    import urllib.error
+    import urllib.request
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise click.ClickException(f"{url} answered {exc.code}: {exc.read()[:200]!r}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}; is `goodlens serve` running?") \
+            from None
+
+
+def import_trace_file(store: Any, path: str, quiet: bool) -> dict[str, int]:
+    """Import a trace folder into an open store, with a progress bar on a terminal."""
+    from goodlens.collector.replay import import_trace
+    from goodlens.model.trace import TraceError, read_trace
+    try:
+        trace = read_trace(path)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    total = sum(t.num_rows for k, t in trace.tables.items() if k in ("steps", "events"))
+    with click.progressbar(length=total, label=f"importing {path}", file=sys.stderr,
+                           hidden=quiet or not sys.stderr.isatty()) as bar:
+        return import_trace(store, path, progress=bar.update)
+
+
+def import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
+    """Open (or create) the store file, import the trace, close."""
+    if not db.startswith("parquet:"):  # a dataset folder is made by the store itself
+        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    store = open_store(db, read_only=False)
+    try:
+        return import_trace_file(store, trace, quiet=quiet)
+    finally:
+        store.close()
+
+
+def instant(text: str | None, start: float, end: float, name: str) -> float | None:
+    """``--since``-style text as an instant of a run spanning ``start``..``end``."""
+    from goodlens.model.units import parse_instant
+    if text is None:
+        return None
+    try:
+        return parse_instant(text, start, end)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=name) from None
+
+
+def overrides(pairs: tuple[str, ...], config_type: Any = None,
+               settable: Any = None) -> dict[str, Any]:
+    """``--set field=value`` pairs typed like the dataclass field they name (default: the
+    run simulator's SimConfig; ``settable`` limits the fields accepted)."""
+    from dataclasses import fields as dc_fields
+
+    if config_type is None:
+        from goodlens.analysis.runsim.config import SimConfig as config_type
+    types = {f.name: str(f.type) for f in dc_fields(config_type)
+             if settable is None or f.name in settable}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or name not in types:
+            raise click.BadParameter(f"{pair!r}: use FIELD=VALUE with a field of "
+                                     f"{', '.join(sorted(types))}", param_hint="--set")
+        out[name] = typed_value(raw, types[name], name)
+    return out
+
+
+def typed_value(raw: str, typ: str, name: str) -> Any:
+    try:
+        if "bool" in typ:
+            return raw.lower() in ("1", "true", "yes", "on")
+        if "int" in typ and "float" not in typ:
+            return int(raw)
+        if "float" in typ:
+            return parse_duration(raw) if name.endswith("_s") else float(raw)
+    except ValueError as exc:
+        raise click.BadParameter(f"{name}={raw!r}: {exc}", param_hint="--set") from None
+    return raw

@@ -1,0 +1,185 @@
+"""``goodlens runs``, ``goodlens report`` and ``goodlens detect``: what a store holds, where
+each run's wall-clock went, and which ranks, hosts or switches are stragglers. The text forms
+are rendered here; ``--json`` prints the library's numbers as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from goodlens.cli.common import (
+    StoreSpec,
+    echo_json,
+    get_json,
+    open_store,
+    read_run,
+    table,
+)
+from goodlens.model.jsonable import plain, records
+from goodlens.model.units import format_duration
+
+_RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
+                ("attempts", "attempts"), ("steps", "steps"), ("last_step", "last step"),
+                ("duration", "duration"), ("started", "started (UTC)")]
+
+
+@click.command()
+@click.option("--db", "--store", "db", type=StoreSpec(),
+              help="Store file (no collector may hold it).")
+@click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
+@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
+def runs(db: str | None, url: str | None, token: str | None, as_json: bool) -> None:
+    """List the runs in a store: state, ranks, attempts, steps, duration."""
+    if bool(db) == bool(url):
+        raise click.UsageError("give exactly one of --db PATH or --url URL")
+    if url:
+        rows = get_json(url.rstrip("/") + "/v1/runs", token)["runs"]
+    else:
+        store = open_store(db)
+        try:
+            rows = records(store.runs())
+        finally:
+            store.close()
+    for r in rows:
+        start, last = r.get("start"), r.get("last_time")
+        r["duration_s"] = (last - start) if start is not None and last is not None else None
+    if as_json:
+        echo_json({"runs": [{k: plain(v) for k, v in r.items()} for r in rows]})
+        return
+    if not rows:
+        click.echo("no runs yet: point an exporter at the collector, or import a trace with "
+                   "`goodlens import TRACE --db PATH`")
+        return
+    import datetime as dt
+    for r in rows:
+        r["duration"] = format_duration(r["duration_s"]) if r["duration_s"] is not None else None
+        r["started"] = (dt.datetime.fromtimestamp(r["start"], dt.UTC)
+                        .strftime("%Y-%m-%d %H:%M:%S") if r.get("start") else None)
+    click.echo(table(rows, _RUN_COLUMNS))
+
+
+_BUCKET_NOTES = {"productive": "forward progress",
+                 "straggler_wait": "all ranks waiting on the slowest",
+                 "checkpoint_stall": "training blocked by saves",
+                 "recompute": "steps redone after a rollback", "restart": "failure to next step",
+                 "other": "gaps, eval, custom intervals"}
+
+
+def report_text(rep: dict[str, Any]) -> str:
+    """The human form of a report (what `goodlens report` prints)."""
+    wall = rep["wall_clock_s"]
+    def pct(v):
+        return (f"{100 * v / wall:5.1f}%" if wall and v is not None else "    -")
+    state = "in progress" if rep["in_progress"] else "ended"
+    gpu = rep["gpu_time_goodput"]
+    lines = [f"run {rep['run']} ({state}): wall-clock {format_duration(wall)}",
+             f"goodput {100 * rep['goodput']:.1f}% of wall-clock"
+             + (f", {100 * gpu:.1f}% of allocated GPU-time" if gpu is not None else ""), ""]
+    rows = []
+    for b, v in rep["buckets"].items():
+        rows.append({"b": b, "t": "not measured" if v is None else format_duration(v),
+                     "p": pct(v), "n": _BUCKET_NOTES[b]})
+        if b == "restart":
+            rows += [{"b": f"  {k}", "t": format_duration(x), "p": pct(x), "n": ""}
+                     for k, x in rep["restart_parts"].items() if x]
+        if b == "other":
+            rows += [{"b": f"  {k}", "t": format_duration(x), "p": pct(x), "n": ""}
+                     for k, x in rep["other_parts"].items() if x]
+    lines.append(table(rows, [("b", "bucket"), ("t", "time"), ("p", "share"), ("n", "")]))
+    steps = rep.get("steps") or {}
+    if steps:
+        lines.append(f"\nsteps: {steps.get('kept', 0)} kept, {steps.get('recomputed', 0)} "
+                     f"recomputed, {steps.get('incomplete', 0)} with ranks missing")
+    if rep["buckets"]["straggler_wait"] is None:
+        lines.append("straggler wait not measured: the exporter reported no compute/wait split "
+                     "(use exp.phase('collective') or the PyTorch integration)")
+    quiet = rep.get("silence") or {}
+    if quiet.get("silent"):
+        lines.append(f"\nno data for {format_duration(quiet['silent_s'])} (past the "
+                     f"{format_duration(quiet['timeout_s'])} its step rhythm allows): hung, or "
+                     "gone without an end event; its wall-clock keeps growing as other: "
+                     "since_last_step. If the job is gone, end the run with "
+                     f"`goodlens end-run --run {rep['run']} --db STORE` (or --url).")
+    atts = rep.get("attempts") or []
+    if len(atts) > 1:
+        lines.append("")
+        lines.append(table([{"a": a["attempt"], "w": format_duration(a["wall_clock_s"]),
+                             "g": f"{100 * a['goodput']:.1f}%",
+                             "r": format_duration(a["buckets"]["restart"]),
+                             "c": format_duration(a["buckets"]["recompute"])} for a in atts],
+                           [("a", "attempt"), ("w", "wall-clock"), ("g", "goodput"),
+                            ("r", "restart"), ("c", "recompute")]))
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--db", "--store", "db", type=StoreSpec(),
+              help="Store file (no collector may hold it).")
+@click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
+@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
+@click.option("--run", "run_id", help="Run id (default: the most recently started run).")
+@click.option("--since", help="Window start: epoch s, ISO time, +2h (into the run), -30m (before "
+                              "its end).")
+@click.option("--until", help="Window end, same forms as --since.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
+def report(db: str | None, url: str | None, token: str | None, run_id: str | None,
+           since: str | None, until: str | None, as_json: bool) -> None:
+    """Where the wall-clock went: goodput and every bucket, per run, attempt and window.
+
+    Buckets: productive, straggler_wait, checkpoint_stall, recompute, restart (detection,
+    queue, init, restore, warmup, unattributed) and other. They sum to the wall-clock.
+    """
+    if bool(db) == bool(url):
+        raise click.UsageError("give exactly one of --db PATH or --url URL")
+    if url:
+        import urllib.parse
+        q = {k: v for k, v in (("run", run_id), ("since", since), ("until", until)) if v}
+        rep = get_json(url.rstrip("/") + "/v1/report?" + urllib.parse.urlencode(q), token)
+    else:
+        from goodlens.analysis.accounting import report_dict
+        store = open_store(db)
+        try:
+            try:
+                rep = report_dict(store, run_id, since, until)
+            except KeyError as exc:
+                raise click.ClickException(str(exc.args[0])) from None
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--since/--until") from None
+        finally:
+            store.close()
+    if as_json:
+        echo_json(rep)
+    else:
+        click.echo(report_text(rep))
+
+
+@click.command()
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(exists=True),
+              help="Store file (no collector may hold it).")
+@click.option("--run", "run_id", required=True, help="Run id.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
+def detect(db: str, run_id: str, as_json: bool) -> None:
+    """Find persistent stragglers in a stored run: ranks, hosts or switches slower than the
+    rest, from which step, by how much, what they cost, and whether to evict them.
+    """
+    from goodlens.analysis.findings import detect_run, finding_dicts
+    found = read_run(db, run_id, detect_run)
+    rows = [{k: plain(v) for k, v in f.items()} for f in finding_dicts(found)]
+    if as_json:
+        echo_json({"run": run_id, "findings": rows})
+        return
+    if not rows:
+        click.echo(f"run {run_id}: no persistent straggler found")
+        return
+    for r in rows:
+        r["subject"] = f"{r['subject_kind']} {r['subject_id']}"
+        r["slow"] = f"{100 * r['slowdown']:.1f}%"
+        r["cost"] = format_duration(r["straggler_wait_s"])
+        r["per_h"] = format_duration(r["wait_per_hour_s"])
+    click.echo(table(rows, [("subject", "subject"), ("first_step", "from step"),
+                            ("detected_step", "detected at"), ("slow", "slowdown"),
+                            ("cost", "wait so far"), ("per_h", "wait per hour"),
+                            ("action", "action")]))

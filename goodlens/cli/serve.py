@@ -1,0 +1,171 @@
+"""``goodlens serve`` and ``goodlens dashboard``: the composition root.
+
+The only place that wires the collector service, the dashboard and a store together: the
+collector never imports the dashboard; ``serve`` hands it a factory that builds the Dash app
+over the store the collector opened and mounts it at ``/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from goodlens.cli.common import (
+    DEFAULT_PORT,
+    LOG_LEVELS,
+    ByteSize,
+    Duration,
+    StoreSpec,
+    import_trace_file,
+    open_store,
+)
+
+
+def dashboard_root(token: str | None, live_detection: bool) -> Any:
+    """What ``goodlens serve`` mounts at ``/``: the dashboard over the collector's store,
+    behind the collector's token."""
+    def build(store: Any) -> Any:
+        from goodlens.dashboard.app import create_app
+        from goodlens.dashboard.asgi import dashboard_asgi
+        from goodlens.dashboard.data import DashConfig
+        return dashboard_asgi(create_app(store, DashConfig(live_detection=live_detection)),
+                              token)
+    return build
+
+
+def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
+                    config: Any = None, ready: Any = None, log_level: str = "warning") -> None:
+    """Serve the dashboard alone over a store opened read-only, until SIGINT/SIGTERM."""
+    import asyncio
+    import signal
+
+    import uvicorn
+
+    from goodlens.collector.serving import serve_until_exit
+    from goodlens.dashboard.app import create_app
+    from goodlens.dashboard.asgi import dashboard_asgi
+    from goodlens.storage.parquet import open_store as open_any
+
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit)
+    store = open_any(db, read_only=True)
+    try:
+        app = dashboard_asgi(create_app(store, config))
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                               access_log=False, lifespan="off"))
+        if ready is None:
+            server.run()
+        else:
+            asyncio.run(serve_until_exit(server, ready))
+    finally:
+        store.close()
+
+
+@click.command()
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(),
+              help="DuckDB file the collector owns (created if missing), or parquet:DIR: a "
+                   "Parquet dataset that several collectors can write at once.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Anything but loopback requires --token.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int,
+              help="TCP port (0 picks a free one).")
+@click.option("--token", envvar="GOODLENS_TOKEN", default=None,
+              help="Bearer token exporters must send (env GOODLENS_TOKEN).")
+@click.option("--max-body", type=ByteSize(), default="64MiB", show_default=True,
+              help="Largest accepted push.")
+@click.option("--max-queue-rows", type=int, default=4_000_000, show_default=True,
+              help="Rows the write queue holds before pushes get 503 (exporters back off).")
+@click.option("--summarize-every", type=Duration(), default="1s", show_default=True,
+              help="How often per-step summaries catch up with new rows (e.g. 500ms, 2s).")
+@click.option("--memory-limit", default="2GB", show_default=True,
+              help="DuckDB memory limit for the store (its cache otherwise grows with the data).")
+@click.option("--detect/--no-detect", default=True, show_default=True,
+              help="Run the straggler detector over live runs.")
+@click.option("--webhook", help="URL that receives each straggler finding once (JSON POST), "
+                                "e.g. a launcher that evicts.")
+@click.option("--hang-floor", type=Duration(), default="60s", show_default=True,
+              help="Shortest hang timeout; the timeout adapts to 3x the longest step interval.")
+@click.option("--dashboard/--no-dashboard", default=True, show_default=True,
+              help="Serve the dashboard at / (with --token, open it once as /?token=...).")
+@click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="Trace folder to import before serving (repeatable; importing twice adds "
+                   "nothing).")
+@click.option("--log-level", default="info", show_default=True,
+              type=LOG_LEVELS)
+def serve(db: str, host: str, port: int, token: str | None, max_body: int,
+          max_queue_rows: int, summarize_every: float, memory_limit: str, detect: bool,
+          webhook: str | None, hang_floor: float, dashboard: bool, loads: tuple[str, ...],
+          log_level: str) -> None:
+    """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz.
+
+    One process owns the DuckDB file (DuckDB lets no other process open it meanwhile);
+    stop it with Ctrl-C or SIGTERM, which writes everything queued first.
+    """
+    from goodlens.collector.server import ServerConfig
+    from goodlens.collector.server import serve as run_server
+
+    try:
+        config = ServerConfig(db=db, host=host, port=port, token=token,
+                              max_body_bytes=max_body, max_queue_rows=max_queue_rows,
+                              memory_limit=memory_limit, summarize_interval_s=summarize_every,
+                              detect=detect, webhook=webhook, hang_floor_s=hang_floor)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not db.startswith("parquet:"):
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+    if loads:
+        store = open_store(db, read_only=False)
+        try:
+            for path in loads:
+                import_trace_file(store, path, quiet=False)
+        finally:
+            store.close()
+
+    def ready(bound: int) -> None:
+        click.echo(f"goodlens collector on http://{host}:{bound}  (db: {db})", err=True)
+        click.echo(f"  push:    http://{host}:{bound}/v1/ingest", err=True)
+        click.echo(f"  metrics: http://{host}:{bound}/metrics", err=True)
+        if dashboard:
+            click.echo(f"  dashboard: http://{host}:{bound}/", err=True)
+
+    try:
+        run_server(config, ready=ready, log_level=log_level,
+                   root=dashboard_root(token, detect) if dashboard else None)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.command()
+@click.option("--db", "--store", "db", required=True, type=StoreSpec(exists=True),
+              help="Store file, opened read-only (no collector may hold it; a running "
+                   "collector serves the dashboard itself at its own /).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8471, show_default=True, type=int, help="Port (0: any free).")
+@click.option("--log-level", default="warning", show_default=True,
+              type=LOG_LEVELS)
+def dashboard(db: str, host: str, port: int, log_level: str) -> None:
+    """Serve the dashboard alone over a store file: runs, where the wall-clock went, slow
+    ranks, checkpoint costs and what-if, with the run id in each page's URL.
+    """
+    from goodlens.exporter.transport import is_loopback
+
+    if not is_loopback(host):
+        click.echo(f"warning: the dashboard on {host} has no authentication; anyone who "
+                   "reaches it can read every run", err=True)
+
+    def ready(bound: int) -> None:
+        click.echo(f"goodlens dashboard on http://{host}:{bound}/  (db: {db}, read-only)",
+                   err=True)
+    try:
+        serve_dashboard(db, host, port, ready=ready, log_level=log_level)
+    except Exception as exc:  # duckdb.IOException: the file is held by a collector
+        if "lock" in str(exc).lower():
+            raise click.ClickException(
+                f"{db} is held by a running collector; open the dashboard it serves at its "
+                "own URL (e.g. http://127.0.0.1:8470/) instead") from None
+        raise

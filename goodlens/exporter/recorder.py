@@ -1,0 +1,588 @@
+"""The per-rank exporter: records every step and event of a training loop, never blocking it.
+
+Usage in any training loop::
+
+    from goodlens.exporter.recorder import RankExporter
+    exp = RankExporter.from_env(run_id="llama-70b-0412", url="http://collector:8470")
+    for n, batch in enumerate(loader_iter):
+        with exp.step(n):
+            with exp.phase("data"):
+                batch = next(loader_iter)
+            loss = model(batch).backward()          # compute: everything not in a phase
+            with exp.phase("collective"):
+                all_reduce(grads)
+    exp.event("ckpt_save_start", step=n, tier="durable")
+
+Recording on the training thread is O(1): two clock reads, a tuple, a ``deque.append``
+(atomic under the GIL, so no lock is taken). A background thread drains the deques into
+columnar batches and hands them to :class:`~goodlens.exporter.transport.Transport` (HTTP, backoff,
+spill file). Memory is bounded: past ``max_buffer_rows`` rows waiting, new rows are
+dropped and counted, and the count is reported to the collector. Nothing raises into the
+training loop; with ``enabled=False`` (or ``GOODLENS_DISABLED=1``) every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field, fields
+from time import perf_counter as _perf
+from typing import Any
+
+from goodlens.exporter.transport import ARROW, JSON, Transport, claim_spill
+from goodlens.model.schema import EVENT_COLUMNS, EVENT_KINDS, SCHEMA_VERSION
+from goodlens.model.wire import encode_arrow_batch, encode_batch
+
+log = logging.getLogger("goodlens.exporter")
+
+_EVENT_FIELDS = {c.name for c in EVENT_COLUMNS} - {"source", "seq", "kind", "time", "attempt"}
+
+
+@dataclass
+class ExporterConfig:
+    """Everything an exporter needs; :meth:`from_env` fills it from torchrun's environment."""
+
+    run_id: str
+    """Identifies the job across attempts (``GOODLENS_RUN_ID`` or ``TORCHELASTIC_RUN_ID``)."""
+    url: str | None = None
+    """Collector base URL, e.g. ``http://127.0.0.1:8470``; None disables sending."""
+    rank: int = 0
+    """Global rank (``RANK``)."""
+    world_size: int | None = None
+    """Ranks in the job (``WORLD_SIZE``)."""
+    local_rank: int | None = None
+    """Rank on this host (``LOCAL_RANK``)."""
+    host: str = field(default_factory=socket.gethostname)
+    """Host name recorded with every step."""
+    attempt: int = 0
+    """Attempt number (``TORCHELASTIC_RESTART_COUNT`` under torchrun)."""
+    token: str | None = None
+    """Bearer token for a collector started with ``--token``."""
+    enabled: bool = True
+    """False makes every call a no-op (``GOODLENS_DISABLED=1``)."""
+    flush_interval_s: float = 1.0
+    """How often the background thread sends what was recorded."""
+    batch_rows: int = 10_000
+    """Most step rows in one push."""
+    max_buffer_rows: int = 1_000_000
+    """Rows kept in memory waiting to be sent; beyond this new rows are dropped and counted."""
+    spill_dir: str | None = field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "goodlens-spill"))
+    """Where undeliverable batches wait for the collector; None drops them instead."""
+    max_spill_bytes: int = 1 << 30
+    """Largest spill file; beyond it batches are dropped and counted."""
+    heartbeat_interval_s: float = 10.0
+    """After this long without a step, a heartbeat event proves the process alive (0: never)."""
+    timeout_s: float = 5.0
+    """HTTP timeout of one push."""
+    wire: str = "arrow"
+    """Wire format: ``arrow`` (Arrow IPC, cheapest for the collector) or ``json``."""
+    run_meta: dict[str, Any] = field(default_factory=dict)
+    """Run metadata sent once: name, world_size, gpus_per_rank, global_batch, model_params, tags."""
+    host_relay: bool = False
+    """Send through a per-host relay (``GOODLENS_RELAY=1``, :mod:`goodlens.exporter.relay_client`):
+    local
+    rank 0 starts it on ``relay_port`` when none listens, and every local rank pushes to it,
+    so the collector sees one connection per host instead of one per rank. While no relay
+    for ``url`` answers there, batches go to ``url`` directly, as without this option."""
+    relay_port: int = 8472
+    """Loopback port of the host relay (``GOODLENS_RELAY_PORT``)."""
+
+    def __post_init__(self) -> None:
+        if not self.run_id:
+            raise ValueError("run_id is required (set GOODLENS_RUN_ID or pass run_id=...)")
+        if self.rank < 0 or self.attempt < 0:
+            raise ValueError("rank and attempt must not be negative")
+        if self.flush_interval_s <= 0 or self.batch_rows <= 0 or self.max_buffer_rows <= 0:
+            raise ValueError("flush_interval_s, batch_rows and max_buffer_rows must be positive")
+        if self.wire not in ("arrow", "json"):
+            raise ValueError(f"wire must be 'arrow' or 'json', not {self.wire!r}")
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ExporterConfig:
+        """Read torchrun's and goodlens's variables once; keyword arguments win over them."""
+        env = dict(os.environ if env is None else env)
+        found: dict[str, Any] = {}
+        run_id = env.get("GOODLENS_RUN_ID") or env.get("TORCHELASTIC_RUN_ID")
+        if run_id:
+            found["run_id"] = run_id
+        if env.get("GOODLENS_URL"):
+            found["url"] = env["GOODLENS_URL"]
+        if env.get("GOODLENS_TOKEN"):
+            found["token"] = env["GOODLENS_TOKEN"]
+        for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"),
+                         ("local_rank", "LOCAL_RANK"), ("attempt", "TORCHELASTIC_RESTART_COUNT")):
+            if env.get(var, "").strip().isdigit():
+                found[key] = int(env[var])
+        if env.get("GOODLENS_ATTEMPT", "").isdigit():
+            found["attempt"] = int(env["GOODLENS_ATTEMPT"])
+        if env.get("GOODLENS_SPILL_DIR"):
+            found["spill_dir"] = env["GOODLENS_SPILL_DIR"]
+        if env.get("GOODLENS_WIRE"):
+            found["wire"] = env["GOODLENS_WIRE"]
+        if env.get("GOODLENS_DISABLED", "").lower() in ("1", "true", "yes"):
+            found["enabled"] = False
+        if env.get("GOODLENS_RELAY", "").lower() in ("1", "true", "yes"):
+            found["host_relay"] = True
+        if env.get("GOODLENS_RELAY_PORT", "").strip().isdigit():
+            found["relay_port"] = int(env["GOODLENS_RELAY_PORT"])
+        found.update(overrides)
+        found.setdefault("run_id", "default")
+        names = {f.name for f in fields(cls)}
+        unknown = set(found) - names
+        if unknown:
+            raise TypeError(f"unknown exporter option(s) {sorted(unknown)}")
+        return cls(**found)
+
+
+class _StepScope:
+    """The reusable context returned by :meth:`RankExporter.step` (no allocation per step).
+
+    The hot path is two clock reads, one tuple and one ``deque.append``: ``arm(n)`` stores
+    the step number and start, ``__enter__`` is the C builtin ``int`` (no Python frame), and
+    ``__exit__`` appends ``(index, step, start, end)``. ``collector/_hotpath.c`` implements
+    the same type in C (about half the cost); this one is the fallback. Phases, waits and
+    token counts go to a second deque and are matched to steps by time in the background
+    thread; gaps in ``index`` count rows dropped by the bounded buffer.
+    """
+
+    __slots__ = ("_append", "_index", "step", "t0")
+    __enter__ = int  # a builtin: `with` calls it with no arguments and no Python frame
+
+    def __init__(self, append: Any, index: Any) -> None:
+        self._append = append
+        self._index = index
+        self.step = 0
+        self.t0 = 0.0
+
+    def arm(self, n: int) -> _StepScope:
+        """Set the step number and start time; returns the scope for ``with``."""
+        self.step = n
+        self.t0 = _perf()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:  # a step that raised did not complete; its failure is an event
+            self._append((self._index(), self.step, self.t0, _perf()))
+
+
+try:  # the C version of _StepScope (collector/_hotpath.c), when it could be built
+    from collector._hotpath import StepScope as _FastStepScope
+except ImportError:  # no compiler or headers at install time: the pure-Python scope
+    _FastStepScope = _StepScope
+
+
+class _PhaseScope:
+    """Times part of the current step as collective or data wait (a mark for the flusher)."""
+
+    __slots__ = ("_append", "_kind", "t0")
+
+    def __init__(self, append: Any, kind: str) -> None:
+        self._append = append
+        self._kind = kind
+        self.t0 = 0.0
+
+    def __enter__(self) -> _PhaseScope:
+        self.t0 = _perf()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        t1 = _perf()
+        self._append((self._kind, t1, t1 - self.t0))
+
+
+class _NullScope:
+    """What a disabled exporter returns: does nothing, as cheaply as possible."""
+
+    __slots__ = ()
+    __enter__ = int
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NULL = _NullScope()
+_LIVE: weakref.WeakSet[RankExporter] = weakref.WeakSet()
+
+
+class RankExporter:
+    """Records one rank's steps and events and ships them to a goodlens collector."""
+
+    def __init__(self, config: ExporterConfig | None = None, **options: Any) -> None:
+        self.config = config if config is not None else ExporterConfig(**options)
+        cfg = self.config
+        self.enabled = cfg.enabled
+        self.attempt = cfg.attempt
+        self.rank = cfg.rank
+        self.host = cfg.host
+        self.source = f"{cfg.host}/{os.getpid()}/{cfg.rank}/{time.time_ns():x}"
+        self._offset = time.time() - _perf()
+        # Bounded buffers: appends past maxlen evict the oldest row, and the flusher counts
+        # the evictions from gaps in the step index (no check on the training thread).
+        self._steps: deque = deque(maxlen=cfg.max_buffer_rows)
+        self._marks: deque = deque(maxlen=cfg.max_buffer_rows)
+        self._events: deque = deque(maxlen=cfg.max_buffer_rows)
+        self._index = itertools.count()
+        self._seq = itertools.count()
+        self._scope = _FastStepScope(self._steps.append, self._index.__next__)
+        self._phases = {k: _PhaseScope(self._marks.append, k) for k in ("collective", "data")}
+        self._asm = _Assembler(cfg.attempt)
+        self._send_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._meta_sent = False
+        self._last_batch_rows = 0
+        self._last_taken = (0, 0)
+        self._last_heartbeat = time.monotonic()
+        self._transport: Transport | None = None
+        self._thread: threading.Thread | None = None
+        self._spill_lock: int | None = None
+        if not self.enabled or not cfg.url:
+            self.enabled = False  # nowhere to send: record nothing, cost nothing
+            return
+        spill = None
+        if cfg.spill_dir:
+            try:
+                os.makedirs(cfg.spill_dir, exist_ok=True)
+                safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.run_id)
+                # one file per live process (two processes of one rank never share one);
+                # a restarted rank takes over the file, and its predecessors' leftovers
+                spill, self._spill_lock = claim_spill(cfg.spill_dir, f"{safe}-rank{cfg.rank}")
+            except OSError as exc:
+                log.warning("goodlens: no spill directory (%s); undeliverable batches will "
+                            "be dropped", exc)
+        if cfg.host_relay:  # starts the relay on local rank 0; falls back to cfg.url
+            from goodlens.exporter.relay_client import host_relay_transport
+            self._transport = host_relay_transport(cfg.url, cfg.relay_port, cfg.local_rank,
+                                                   cfg.token, cfg.timeout_s, spill,
+                                                   cfg.max_spill_bytes)
+        else:
+            self._transport = Transport(cfg.url, cfg.token, cfg.timeout_s, spill,
+                                        cfg.max_spill_bytes)
+        self._thread = threading.Thread(target=self._run, name=f"goodlens-exporter-{cfg.rank}",
+                                        daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+        # enabled: `exp.step(n)` goes straight to the scope (no Python frame with the C scope)
+        self.step = self._scope.arm  # type: ignore[method-assign]
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> RankExporter:
+        """An exporter configured from the environment (see :meth:`ExporterConfig.from_env`).
+
+        With ``GOODLENS_RELAY=1`` (or ``host_relay=True``) it pushes through the host's relay
+        on ``GOODLENS_RELAY_PORT`` (default 8472), started by ``LOCAL_RANK`` 0 when none
+        listens; if the relay is unreachable it sends to the collector URL directly.
+        """
+        return cls(ExporterConfig.from_env(**overrides))
+
+    # -- recording (training thread) ------------------------------------------
+    def step(self, n: int) -> _StepScope | _NullScope:
+        """Context manager timing step ``n``: ``with exp.step(n): ...``.
+
+        An enabled exporter replaces this method by its scope's ``arm`` (see ``__init__``).
+        """
+        if not self.enabled:
+            return _NULL
+        return self._scope.arm(n)
+
+    def phase(self, name: str) -> _PhaseScope | _NullScope:
+        """Time part of the current step as ``collective`` or ``data`` wait; the rest of the
+        step is compute. Once any phase is timed, every step reports the split."""
+        if not self.enabled:
+            return _NULL
+        scope = self._phases.get(name)
+        if scope is None:
+            if name != "compute":
+                log.warning("goodlens: unknown phase %r (use collective or data)", name)
+            return _NULL
+        return scope
+
+    def add_wait(self, kind: str, seconds: float) -> None:
+        """Add wait measured elsewhere (e.g. a DDP communication hook) to the step running
+        now; ``kind`` is ``collective`` or ``data``."""
+        if self.enabled and kind in self._phases:
+            self._marks.append((kind, _perf(), float(seconds)))
+
+    def count(self, tokens: int | None = None, samples: int | None = None) -> None:
+        """Tokens and samples processed by the step running now."""
+        if self.enabled:
+            t = _perf()
+            if tokens is not None:
+                self._marks.append(("tokens", t, tokens))
+            if samples is not None:
+                self._marks.append(("samples", t, samples))
+
+    def record_step(self, step: int, start_time: float, duration_s: float,
+                    compute_s: float | None = None, collective_wait_s: float | None = None,
+                    data_wait_s: float | None = None, tokens: int | None = None,
+                    samples: int | None = None) -> None:
+        """Record a step measured elsewhere (``start_time`` in epoch seconds)."""
+        if self.enabled:
+            self._steps.append((next(self._index), step, start_time, duration_s, compute_s,
+                                collective_wait_s, data_wait_s, tokens, samples))
+
+    def event(self, kind: str, time_s: float | None = None, **fields: Any) -> None:
+        """Record an event (see :mod:`goodlens.model.schema` for kinds and fields)."""
+        if not self.enabled:
+            return
+        kind = getattr(kind, "value", kind)
+        if kind not in EVENT_KINDS or not fields.keys() <= _EVENT_FIELDS:
+            log.warning("goodlens: ignoring event %r with fields %s (kinds: %s; fields: %s)",
+                        kind, sorted(fields), sorted(EVENT_KINDS), sorted(_EVENT_FIELDS))
+            return
+        for key, value in fields.items():
+            if hasattr(value, "item"):  # numpy scalars travel as plain Python values
+                fields[key] = value.item()
+        fields.setdefault("rank", self.rank)
+        fields.setdefault("host", self.host)
+        self._events.append((next(self._seq), kind, time.time() if time_s is None else time_s,
+                             self.attempt, fields))
+
+    def new_attempt(self, attempt: int | None = None) -> None:
+        """Start a new attempt in the same process (in-process recovery, elastic resize)."""
+        self.attempt = self.attempt + 1 if attempt is None else attempt
+        self._steps.append((next(self._index), self.attempt))
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step recorded (the heartbeat reports it)."""
+        try:
+            for row in reversed(self._steps):
+                if len(row) != 2:  # not a new_attempt marker
+                    return row[1]
+        except (IndexError, RuntimeError):  # emptied or changed concurrently
+            pass
+        return self._asm.last_step
+
+    # -- delivery (background thread) -----------------------------------------
+    @property
+    def stats(self) -> dict[str, Any]:
+        """What happened so far: rows waiting, dropped, and batches sent/spilled/rejected."""
+        out: dict[str, Any] = {"pending_rows": len(self._steps) + len(self._events),
+                               "dropped_rows": self._asm.dropped, "enabled": self.enabled}
+        if self._transport is not None:
+            out.update(self._transport.stats.__dict__)
+            out["spill_waiting"] = self._transport.has_spill()
+        return out
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send everything recorded so far; True when all of it reached the collector."""
+        if self._transport is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._send_all(final=True)
+            except Exception:
+                log.exception("goodlens: flush failed")
+            if not self._steps and not self._events and not self._transport.has_spill():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Flush (up to ``timeout``; the rest stays in the spill file) and stop the thread."""
+        if self._transport is None:
+            return True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(timeout, 1.0))
+        ok = self.flush(timeout)
+        if not ok:  # collector still away: park what is left in the spill file
+            with self._send_lock:
+                self._transport._next_try = float("inf")
+                try:
+                    self._send_all_locked(final=True)
+                except Exception:
+                    log.exception("goodlens: final spill failed")
+        self._transport.close()
+        if self._spill_lock is not None:
+            os.close(self._spill_lock)  # releases the flock: the next process may adopt it
+            self._spill_lock = None
+        _LIVE.discard(self)
+        return ok
+
+    def _run(self) -> None:
+        interval = self.config.flush_interval_s
+        while not self._stop.wait(interval):
+            try:
+                self._offset = time.time() - _perf()
+                # steps prove the process alive: a heartbeat only when none came for a while
+                # (a hang, a long checkpoint, eval), so 16k idle-free ranks send none
+                # (the step deque holds what was recorded since the last tick's drain)
+                hb = self.config.heartbeat_interval_s
+                if self._steps:
+                    self._last_heartbeat = time.monotonic()
+                elif hb and time.monotonic() - self._last_heartbeat >= hb:
+                    self._last_heartbeat = time.monotonic()
+                    self.event("heartbeat", step=self.last_step)
+                self._send_all()
+            except Exception:
+                log.exception("goodlens: exporter thread error")
+
+    def _send_all(self, final: bool = False) -> None:
+        with self._send_lock:
+            self._send_all_locked(final)
+
+    def _send_all_locked(self, final: bool) -> None:
+        assert self._transport is not None
+        self._transport.drain_spill()
+        ctype = ARROW if self.config.wire == "arrow" else JSON
+        # send what is buffered now, not what the training thread adds meanwhile: when a
+        # push takes longer than a step, chasing the deque would send one tiny batch per step
+        left_steps, left_events = len(self._steps), len(self._events)
+        while left_steps > 0 or left_events > 0 or not self._meta_sent:
+            if self._meta_sent and not self._steps and not self._events:
+                break  # the bounded buffer evicted what was counted
+            try:
+                body, rows = self._next_batch(final, max(left_steps, 1), max(left_events, 1))
+                left_steps -= self._last_taken[0]
+                left_events -= self._last_taken[1]
+            except Exception:  # rows were taken off the buffer: count them
+                log.exception("goodlens: could not encode a batch; its rows are dropped")
+                self._asm.dropped += self._last_batch_rows
+                left_steps -= self._last_taken[0]
+                left_events -= self._last_taken[1]
+                self._meta_sent = True
+                continue
+            self._asm.dropped += self._transport.deliver(body, rows, ctype)
+            self._meta_sent = True
+
+    def _next_batch(self, final: bool, max_steps: int | None = None,
+                    max_events: int | None = None) -> tuple[bytes, int]:
+        cfg = self.config
+        self._last_taken = (0, 0)
+        raw = _popleft(self._steps, min(cfg.batch_rows, max_steps or cfg.batch_rows))
+        marks = _popleft(self._marks, len(self._marks))
+        events = _popleft(self._events, min(cfg.batch_rows, max_events or cfg.batch_rows))
+        self._last_batch_rows = len(raw) + len(events)
+        self._last_taken = (len(raw), len(events))
+        steps = self._asm.assemble(raw, marks, self._offset, self.attempt)
+        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "run_id": cfg.run_id,
+                               "exporter": {"source": self.source,
+                                            "dropped_rows": self._asm.dropped}}
+        if not self._meta_sent:
+            meta = dict(cfg.run_meta)
+            if cfg.world_size is not None:
+                meta.setdefault("world_size", cfg.world_size)
+            doc["run"] = meta
+        if steps:
+            cols = list(zip(*steps))
+            doc["steps"] = {
+                "attempt": _compact(cols[0]), "rank": self.rank, "host": self.host,
+                "step": list(cols[1]), "start_time": list(cols[2]), "duration_s": list(cols[3]),
+                "compute_s": _compact(cols[4]), "collective_wait_s": _compact(cols[5]),
+                "data_wait_s": _compact(cols[6]), "tokens": _compact(cols[7]),
+                "samples": _compact(cols[8])}
+        if events:
+            ev: dict[str, Any] = {"source": self.source, "seq": [e[0] for e in events],
+                                  "kind": [e[1] for e in events], "time": [e[2] for e in events],
+                                  "attempt": _compact([e[3] for e in events])}
+            used = set().union(*(e[4].keys() for e in events))
+            for name in sorted(used):
+                ev[name] = _compact([e[4].get(name) for e in events])
+            doc["events"] = ev
+        encode = encode_arrow_batch if cfg.wire == "arrow" else encode_batch
+        return encode(doc), len(steps) + len(events)
+
+
+class _Assembler:
+    """Background-thread side: turns raw step tuples and marks into full step rows.
+
+    Marks (phase waits, token counts) carry the time they were taken and belong to the step
+    whose interval contains that time; marks newer than the last finished step wait for the
+    next call. Gaps in the step index are rows the bounded buffer evicted.
+    """
+
+    def __init__(self, attempt: int | None = None) -> None:
+        self.split = False
+        self.dropped = 0
+        self.last_step: int | None = None
+        self._next_index = 0
+        self._pending: list[tuple] = []
+        # the attempt the exporter started in: rows recorded before a new_attempt marker
+        # belong to it even when the marker comes before the first send
+        self._attempt: int | None = attempt
+
+    def assemble(self, raw: list[tuple], marks: list[tuple], offset: float,
+                 attempt: int) -> list[tuple]:
+        if self._attempt is None:
+            self._attempt = attempt
+        if marks:
+            self.split = self.split or any(m[0] in ("collective", "data") for m in marks)
+            self._pending.extend(marks)
+            self._pending.sort(key=lambda m: m[1])
+        pend, j, out = self._pending, 0, []
+        for row in raw:
+            idx = row[0]
+            if idx > self._next_index:
+                self.dropped += idx - self._next_index
+            self._next_index = idx + 1
+            if len(row) == 2:  # new_attempt marker
+                self._attempt = row[1]
+                continue
+            if len(row) == 9:  # record_step(): already complete, times in epoch seconds
+                out.append((self._attempt, *row[1:]))
+                self.last_step = row[1]
+                continue
+            _, step, t0, t1 = row
+            coll = data = 0.0
+            tokens = samples = None
+            while j < len(pend) and pend[j][1] <= t1:
+                kind, t, value = pend[j]
+                if t >= t0:
+                    if kind == "collective":
+                        coll += value
+                    elif kind == "data":
+                        data += value
+                    elif kind == "tokens":
+                        tokens = (tokens or 0) + value
+                    else:
+                        samples = (samples or 0) + value
+                j += 1
+            dur = t1 - t0
+            if self.split:
+                comp = dur - coll - data
+                out.append((self._attempt, step, t0 + offset, dur, comp if comp > 0 else 0.0,
+                            coll, data, tokens, samples))
+            else:
+                out.append((self._attempt, step, t0 + offset, dur, None, None, None, tokens,
+                            samples))
+            self.last_step = step
+        del pend[:j]
+        return out
+
+
+def _popleft(buf: deque, n: int) -> list:
+    out = []
+    pop = buf.popleft
+    for _ in range(min(n, len(buf))):
+        out.append(pop())
+    return out
+
+
+def _compact(values: Any) -> Any:
+    """A column as a scalar when every value is the same (the wire format broadcasts it)."""
+    first = values[0]
+    for v in values:
+        if v != first:
+            return list(values)
+    return first
+
+
+@atexit.register
+def _flush_all_at_exit() -> None:
+    for exp in list(_LIVE):
+        try:
+            exp.close(timeout=5.0)
+        except Exception:
+            pass

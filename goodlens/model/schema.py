@@ -1,0 +1,255 @@
+"""The goodlens data model: what a run, an attempt, a per-rank step and an event are.
+
+Every other part (the exporter's wire batches, the collector's validation, the DuckDB
+schema, the Parquet trace format and ``docs/data-model.md``) is derived from the column
+specifications here, so a field is added in exactly one place.
+
+Units: times are seconds. Instants (``start_time``, ``time``) are Unix epoch seconds on the
+clock of the host that recorded them; durations end in ``_s``. Byte counts are bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Version of the schema (wire batches, store and trace format). Bump on any breaking change.
+SCHEMA_VERSION = 1
+
+
+class EventKind(enum.StrEnum):
+    """Things that happen to a job, as opposed to per-step timings (meanings in ``KIND_DOCS``)."""
+
+    ATTEMPT_START = "attempt_start"
+    ATTEMPT_END = "attempt_end"
+    INIT_START = "init_start"
+    INIT_END = "init_end"
+    CKPT_SAVE_START = "ckpt_save_start"
+    CKPT_SAVE_BLOCKING_END = "ckpt_save_blocking_end"
+    CKPT_SAVE_DURABLE_END = "ckpt_save_durable_end"
+    CKPT_RESTORE_START = "ckpt_restore_start"
+    CKPT_RESTORE_END = "ckpt_restore_end"
+    FAILURE_DETECTED = "failure_detected"
+    RANK_EVICTED = "rank_evicted"
+    RANK_JOINED = "rank_joined"
+    WORLD_RESIZED = "world_resized"
+    PREEMPTED = "preempted"
+    CUSTOM_BEGIN = "custom_begin"
+    CUSTOM_END = "custom_end"
+    HEARTBEAT = "heartbeat"
+    STRAGGLER_FLAGGED = "straggler_flagged"
+
+
+EVENT_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
+
+MAX_RANK = 2**24 - 1
+"""Largest rank accepted (16.7M ranks; keeps the collector's per-rank state bounded)."""
+MAX_ATTEMPT = 2**31 - 1
+MAX_EPOCH_S = 10_000_000_000
+"""Largest instant accepted (year 2286): milliseconds or nanoseconds since the epoch sent
+by mistake are refused instead of stored as dates thousands of years away."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table, with the facts every layer needs about it."""
+
+    name: str
+    kind: str
+    """``int``, ``float`` or ``str``; mapped to DuckDB/Arrow types by the layers that need them."""
+    unit: str
+    doc: str
+    required: bool = False
+    """A batch without this column is rejected; nullable columns may be omitted."""
+    nonnegative: bool = False
+    """Values below zero are rejected (durations, counts)."""
+    maximum: int | None = None
+    """Largest accepted value (ranks and attempts are bounded so per-rank state stays small)."""
+
+
+#: Per-rank step records: one row per (run, attempt, rank, step).
+STEP_COLUMNS: tuple[Column, ...] = (
+    Column("attempt", "int", "", "attempt number, 0 for the first incarnation", required=True,
+           nonnegative=True, maximum=MAX_ATTEMPT),
+    Column("rank", "int", "", "global rank (below 2^24)", required=True, nonnegative=True,
+           maximum=MAX_RANK),
+    Column("host", "str", "", "host name the rank ran on"),
+    Column("step", "int", "", "training step number (repeats after a rollback)", required=True,
+           nonnegative=True),
+    Column("start_time", "float", "s (epoch)",
+           "when the step began, on the rank's host clock (seconds, below 1e10)",
+           required=True, maximum=MAX_EPOCH_S),
+    Column("duration_s", "float", "s", "wall time of the step on this rank", required=True,
+           nonnegative=True),
+    Column("compute_s", "float", "s",
+           "time computing: duration minus collective and data waits (null if not measured)",
+           nonnegative=True),
+    Column("collective_wait_s", "float", "s", "time blocked in collectives (all-reduce, ...)",
+           nonnegative=True),
+    Column("data_wait_s", "float", "s", "time waiting for the next batch from the data loader",
+           nonnegative=True),
+    Column("tokens", "int", "tokens", "tokens processed in the step on this rank",
+           nonnegative=True),
+    Column("samples", "int", "samples", "samples processed in the step on this rank",
+           nonnegative=True),
+)
+
+#: Events: one row per (run, source, seq); ``source`` is the emitting exporter.
+EVENT_COLUMNS: tuple[Column, ...] = (
+    Column("source", "str", "", "id of the emitter (one per exporter process)", required=True),
+    Column("seq", "int", "", "event number within the source, from 0, increasing",
+           required=True, nonnegative=True),
+    Column("kind", "str", "", "one of the event kinds (see below)", required=True),
+    Column("time", "float", "s (epoch)",
+           "when it happened, on the emitter's clock (seconds, below 1e10)",
+           required=True, maximum=MAX_EPOCH_S),
+    Column("attempt", "int", "", "attempt the event belongs to", required=True,
+           nonnegative=True, maximum=MAX_ATTEMPT),
+    Column("rank", "int", "", "rank concerned, null for job-level events", nonnegative=True,
+           maximum=MAX_RANK),
+    Column("host", "str", "", "host concerned"),
+    Column("step", "int", "", "step concerned (checkpoint step, restored step, last step)",
+           nonnegative=True),
+    Column("bytes", "int", "bytes", "checkpoint size written or read", nonnegative=True),
+    Column("tier", "str", "", "checkpoint tier: memory (peer copy), local, durable"),
+    Column("cause", "str", "", "failure cause, or why an attempt ended"),
+    Column("label", "str", "", "label of a custom interval"),
+    Column("world_size", "int", "ranks", "new world size (world_resized, attempt_start)",
+           nonnegative=True),
+    Column("detail", "str", "", "free-form JSON text with anything else"),
+)
+
+#: Run metadata (one row per run). Sent in a batch's ``run`` object; later values win.
+RUN_COLUMNS: tuple[Column, ...] = (
+    Column("name", "str", "", "human-readable name"),
+    Column("world_size", "int", "ranks", "ranks at launch", nonnegative=True),
+    Column("gpus_per_rank", "int", "GPUs", "accelerators driven by one rank (usually 1)",
+           nonnegative=True),
+    Column("global_batch", "int", "samples", "global batch size", nonnegative=True),
+    Column("model_params", "int", "parameters", "model parameter count", nonnegative=True),
+    Column("tags", "str", "", "free-form JSON object of tags"),
+)
+
+STEP_KEY = ("run_id", "attempt", "rank", "step")
+EVENT_KEY = ("run_id", "source", "seq")
+
+
+def column_names(columns: tuple[Column, ...]) -> list[str]:
+    """Names of ``columns`` in order."""
+    return [c.name for c in columns]
+
+
+@dataclass
+class Run:
+    """A training job, identified by ``run_id`` across all its attempts."""
+
+    run_id: str
+    name: str | None = None
+    world_size: int | None = None
+    gpus_per_rank: int | None = None
+    global_batch: int | None = None
+    model_params: int | None = None
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Attempt:
+    """One incarnation of a run, between a start and a failure, preemption or the end.
+
+    Derived by the store from events and step records: ``start`` is the attempt_start event
+    (or the first step when there is none), ``end`` the attempt_end/failure/preemption or the
+    last step seen, ``end_reason`` the cause (null while running).
+    """
+
+    run_id: str
+    attempt: int
+    start: float
+    end: float | None
+    end_reason: str | None
+
+
+@dataclass
+class StepRecord:
+    """One rank's timing of one step (see ``STEP_COLUMNS`` for units)."""
+
+    run_id: str
+    attempt: int
+    rank: int
+    step: int
+    start_time: float
+    duration_s: float
+    host: str | None = None
+    compute_s: float | None = None
+    collective_wait_s: float | None = None
+    data_wait_s: float | None = None
+    tokens: int | None = None
+    samples: int | None = None
+
+
+@dataclass
+class Event:
+    """Something that happened to the job (see ``EVENT_COLUMNS``)."""
+
+    run_id: str
+    source: str
+    seq: int
+    kind: str
+    time: float
+    attempt: int
+    rank: int | None = None
+    host: str | None = None
+    step: int | None = None
+    bytes: int | None = None
+    tier: str | None = None
+    cause: str | None = None
+    label: str | None = None
+    world_size: int | None = None
+    detail: str | None = None
+
+
+def data_model_markdown() -> str:
+    """The data model as Markdown tables (``docs/data-model.md`` is generated from this)."""
+    out = [f"Schema version: **{SCHEMA_VERSION}**.\n"]
+    for title, cols in (("Run", RUN_COLUMNS), ("Step record", STEP_COLUMNS),
+                        ("Event", EVENT_COLUMNS)):
+        out.append(f"### {title}\n\n| column | type | unit | required | meaning |\n"
+                   "|---|---|---|---|---|")
+        for c in cols:
+            req = "yes" if c.required else ""
+            out.append(f"| `{c.name}` | {c.kind} | {c.unit} | {req} | {c.doc} |")
+        out.append("")
+    out.append("### Event kinds\n\n| kind | meaning |\n|---|---|")
+    for k in EventKind:
+        out.append(f"| `{k.value}` | {KIND_DOCS[k.value]} |")
+    return "\n".join(out) + "\n"
+
+
+#: What each event kind means, and which fields it uses.
+KIND_DOCS: dict[str, str] = {
+    "attempt_start": "a new incarnation of the job started; `world_size` at launch",
+    "attempt_end": "an attempt ended; `cause`: completed, failed, preempted, resized (none: a "
+                   "clean end)",
+    "init_start": "initialisation began (process group, model, data loader)",
+    "init_end": "initialisation finished",
+    "ckpt_save_start": "a checkpoint save began (`step`, `tier`); training blocked from here",
+    "ckpt_save_blocking_end": "training continues; the rest of the save runs in the background",
+    "ckpt_save_durable_end": "the checkpoint is safely stored (`bytes`, `tier`)",
+    "ckpt_restore_start": "loading a checkpoint began (`step` restored, `tier` read from)",
+    "ckpt_restore_end": "loading finished (`bytes` read)",
+    "failure_detected": "a failure was detected (`cause`: gpu, network, hang, ...; `rank`/`host`)",
+    "rank_evicted": "a rank or node was removed (`rank`, `host`, `cause`)",
+    "rank_joined": "a rank (hot spare, repaired node) joined (`rank`, `host`)",
+    "world_resized": "elastic resize (`world_size` is the new size)",
+    "preempted": "the scheduler preempted the job",
+    "custom_begin": "a user-labelled interval began (`label`)",
+    "custom_end": "the user-labelled interval with the same `label` ended",
+    "heartbeat": "the rank's process is alive; `step` is the last step it recorded",
+    "straggler_flagged": "the collector's detector flagged a persistent straggler (`label` "
+                         "kind:subject, `rank` or `host`, `step` its first step, `detail` the "
+                         "finding as JSON)",
+}
+
+
+if __name__ == "__main__":  # python -m goodlens.model.schema regenerates the tables in docs/
+    print(data_model_markdown(), end="")

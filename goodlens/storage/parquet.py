@@ -1,0 +1,680 @@
+"""The Parquet segment store: one dataset that several collectors write and any engine reads.
+
+One DuckDB file behind one process does not hold a 100,000-GPU job for months. This backend
+writes hive-partitioned Parquet segments that DuckDB, Spark or Trino read as one dataset::
+
+    DIR/_goodlens.json                                   schema version
+    DIR/steps/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<token>-<n>.parquet
+    DIR/events/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<token>-<n>.parquet
+    DIR/runs/<writer>-<token>-<n>.parquet                        run metadata, later rows win
+
+``<run>`` is percent-encoded (Hive's convention; DuckDB, Spark and Trino decode it) and the
+hour is the UTC hour of a step's start or an event's time.
+
+Why it works without coordination:
+
+- every collector names its files ``<writer id>-<process token>-<sequence>`` and publishes
+  them with a hard link, which fails rather than replace an existing name: no segment is
+  ever overwritten, even by a process that reuses a writer id;
+- a segment is written to a hidden temporary name, fsynced, then linked into place (and the
+  directories fsynced, new partition folders included): a reader sees a whole segment or
+  none, and a collector killed mid-write leaves only a ``.*.inprogress`` file no reader's
+  ``*.parquet`` glob matches;
+- readers deduplicate by key (a step is ``(run, attempt, rank, step)``, an event ``(run,
+  source, seq)``), so a batch two collectors both stored, or rows a compaction has copied
+  but not yet removed, count once;
+- compaction (:meth:`ParquetStore.compact`) merges a partition's small segments into one
+  and removes the sources after a grace period, so a reader that listed them a moment
+  before still finds them (and a reader that still misses one retries its query).
+
+The read API is :class:`~goodlens.storage.store.Store`'s, unchanged: this class runs DuckDB in
+memory with *views* named ``steps``, ``events`` and ``runs`` over the dataset, and keeps
+``step_summaries`` (and ``dirty``) in memory, rebuilt from the segments it has not yet seen
+(its own and other collectors') each time it summarises. Accounting, detectors, reports and
+the dashboard therefore work on either backend.
+
+Summaries are checkpointed so that opening a dataset does not re-read every raw row::
+
+    DIR/summaries/run_id=<run>/<writer>-<token>-<n>.parquet   the run's step_summaries, and
+                                          the run's step segments they cover (file metadata)
+
+A writable store saves, every ``summary_every_s`` (or less often when saving would take
+over 2% of the time) and when it closes, one checkpoint for each run with new segments (a
+finished run is not rewritten); a reader saves them when its open had to summarise for
+long. Opening loads, per run, the checkpoint that covers the most of its step segments
+still present and summarises only the step ranges of the others (new ones, and compacted
+ones another store merged). It is exact because a segment enters a checkpoint's list only
+after its step ranges were marked dirty, and the list is taken before the summarising pass
+that clears them; a step summarised over more rows than the list names is recomputed from
+the views when those rows' segment turns up as uncovered.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from goodlens.model.batch import Batch
+from goodlens.model.schema import SCHEMA_VERSION
+from goodlens.storage.store import (
+    _DATA_TABLES,
+    _DERIVED,
+    _EVENT_NAMES,
+    _NEW_EVENTS,
+    _NEW_STEPS,
+    _RUN_NAMES,
+    _STEP_NAMES,
+    SchemaMismatch,
+    Store,
+    WriteResult,
+    _first_time,
+    check_marks,
+)
+
+_KEYS = {"steps": ("run_id", "attempt", "rank", "step"), "events": ("run_id", "source", "seq")}
+_ORDER = {"steps": ("attempt", "step", "rank"), "events": ("time", "source", "seq")}
+_TIME = {"steps": "start_time", "events": "time"}
+_HIVE = "hive_partitioning = true, hive_types = {'run_id': VARCHAR, 'hour': VARCHAR}"
+_COVERS = b"goodlens.covers"  # a summary checkpoint's step segments (zlib, base64 JSON)
+_CKPT_VERSION = b"goodlens.schema_version"
+
+
+def hour_of(t: np.ndarray) -> np.ndarray:
+    """Hours since the epoch of epoch seconds (named ``YYYYMMDDHH`` UTC on disk)."""
+    return np.floor(np.asarray(t, dtype=float) / 3600).astype("int64")
+
+
+def _hour_name(h: int) -> str:
+    return time.strftime("%Y%m%d%H", time.gmtime(int(h) * 3600))
+
+
+class ParquetStore(Store):
+    """A goodlens Parquet dataset (``--store parquet:DIR``); see the module docstring."""
+
+    def __init__(self, root: str | Path, *, read_only: bool = False,
+                 memory_limit: str | None = None, threads: int | None = None,
+                 writer_id: str | None = None, compact_min_files: int = 8,
+                 compact_after_s: float = 300.0, rescan_every_s: float = 2.0,
+                 grace_s: float = 60.0, summary_every_s: float = 60.0,
+                 use_checkpoints: bool = True, save_after_open_s: float = 10.0) -> None:
+        self.root = Path(root)
+        self.path = f"parquet:{self.root}"
+        self.read_only = read_only
+        marker = self.root / "_goodlens.json"
+        if read_only and not marker.exists():
+            raise FileNotFoundError(f"no goodlens Parquet dataset at {self.root}")
+        if not read_only:
+            for sub in ("steps", "events", "runs"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if not marker.exists():
+                _atomic_write_bytes(marker, json.dumps(
+                    {"format": "goodlens-parquet", "schema_version": SCHEMA_VERSION}).encode())
+        found = json.loads(marker.read_text()).get("schema_version")
+        if found != SCHEMA_VERSION:
+            raise SchemaMismatch(f"{self.root} has schema version {found}; this goodlens reads "
+                                 f"version {SCHEMA_VERSION}")
+        config: dict[str, Any] = {}
+        if memory_limit:
+            config["memory_limit"] = memory_limit
+        if threads:
+            config["threads"] = threads
+        self._con = duckdb.connect(":memory:", config=config)
+        self._local = threading.local()
+        self._con.execute(_DATA_TABLES.replace("CREATE TABLE IF NOT EXISTS ",
+                                               "CREATE TABLE _empty_"))
+        self.writer_id = writer_id or (f"{socket.gethostname()}-{os.getpid()}-"
+                                       f"{uuid.uuid4().hex[:6]}")
+        self._seq = itertools.count()
+        self._token = uuid.uuid4().hex[:8]
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._views: dict[str, bool] = {}
+        self._marks: dict[tuple[str, int], np.ndarray] = {}
+        self._event_marks: dict[tuple[str, str], int] = {}
+        self.compact_min_files = compact_min_files
+        self.grace_s = grace_s
+        self._doomed: list[tuple[float, list[str]]] = []
+        self._views_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self.compact_after_s = compact_after_s
+        self.rescan_every_s = rescan_every_s
+        self._last_scan = 0.0
+        self._last_compact = time.monotonic()
+        self.summary_every_s = summary_every_s
+        self._saved: dict[str, set[str]] = {}  # per run folder: what its last checkpoint covered
+        self._summarised: dict[str, set[str]] | None = None  # what the last pass covered
+        self._last_save = time.monotonic()
+        self._save_s = 0.0  # how long the last save took
+        self._define_views()
+        self._con.execute(_DERIVED)
+        self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        t = time.perf_counter()
+        #: how this open went: the checkpoint it started from and the steps it summarised
+        self.open_stats: dict[str, Any] = {"checkpoints": self._load_summaries()
+                                           if use_checkpoints else 0}
+        self.open_stats["steps_summarised"] = self.summarize_dirty()
+        self.open_stats["seconds"] = round(time.perf_counter() - t, 3)
+        if read_only and use_checkpoints and self.open_stats["seconds"] >= save_after_open_s:
+            self.save_summaries(best_effort=True)  # spare the next reader the same wait
+        self._known_runs = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
+
+    # ------------------------------------------------------------------ views
+    def _define_views(self, cur: duckdb.DuckDBPyConnection | None = None) -> None:
+        """(Re)point ``steps``, ``events`` and ``runs`` at the dataset once it has files
+        (one thread at a time: two replacing a view at once conflict in DuckDB's catalog)."""
+        with self._views_lock:
+            self._define_views_locked(cur or self._con)
+
+    def _define_views_locked(self, cur: duckdb.DuckDBPyConnection) -> None:
+        for table in ("steps", "events", "runs"):
+            has = any((self.root / table).glob("**/*.parquet")) if self.root.exists() else False
+            if self._views.get(table) == has:
+                continue
+            if not has:
+                cur.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _empty_{table}")
+            elif table == "runs":
+                meta = ", ".join(f"arg_max({c}, written) FILTER (WHERE {c} IS NOT NULL) AS {c}"
+                                 for c in _RUN_NAMES)
+                cur.execute(f"""CREATE OR REPLACE VIEW runs AS
+                    SELECT run_id, {meta}, min(first_seen) AS first_seen
+                    FROM read_parquet('{self._glob('runs')}', union_by_name = true)
+                    GROUP BY run_id""")
+            else:
+                names = _STEP_NAMES if table == "steps" else _EVENT_NAMES
+                keys = ", ".join(_KEYS[table])
+                cur.execute(f"""CREATE OR REPLACE VIEW {table} AS
+                    SELECT run_id, {', '.join(names)}
+                    FROM read_parquet('{self._glob(table)}', {_HIVE}, union_by_name = true)
+                    QUALIFY row_number() OVER (PARTITION BY {keys}) = 1""")
+            self._views[table] = has
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = super()._cursor()
+        # a reader with no summariser thread of its own (goodlens dashboard or report over a
+        # live dataset) picks up new segments as it reads, every ``rescan_every_s``
+        if self.read_only and self.external_changes() and \
+                self._refresh_lock.acquire(blocking=False):
+            try:
+                self.summarize_dirty(cur)
+            finally:
+                self._refresh_lock.release()
+        return cur
+
+    def _glob(self, table: str) -> str:
+        pattern = "*.parquet" if table == "runs" else "*/*/*.parquet"
+        return str(self.root / table / pattern).replace("'", "''")
+
+    def _df(self, sql: str, params: list | dict | None = None) -> Any:
+        # a compaction may remove a file between a query's listing and its read: retry once
+        for attempt in (0, 1):
+            try:
+                return super()._df(sql, params)
+            except duckdb.IOException:
+                if attempt:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ writes
+    def write_group(self, batches: list[Batch]) -> list[WriteResult]:
+        """Write several batches as Parquet segments (one per table and partition); when it
+        returns, the segments are renamed into place and fsynced."""
+        if self.read_only:
+            raise RuntimeError("store opened read-only")
+        results: list[WriteResult] = []
+        pending: dict[str, list[pa.Table]] = {"steps": [], "events": [], "runs": []}
+        new_marks: dict[tuple[str, int], np.ndarray] = {}
+        new_event_marks: dict[tuple[str, str], int] = {}
+        dirty: list[tuple[str, int, int, int]] = []
+        for b in batches:
+            res = WriteResult()
+            if b.run or b.run_id not in self._known_runs:
+                meta = b.run or {}
+                pending["runs"].append(pa.table({
+                    "run_id": [b.run_id], **{c: [meta.get(c)] for c in _RUN_NAMES},
+                    "first_seen": [_first_time(b)], "written": [time.time()]}))
+            if b.steps is not None and b.steps.num_rows:
+                kept = self._new_steps(b.run_id, b.steps, new_marks, pending)
+                res.steps_inserted = kept.num_rows
+                res.steps_duplicate = b.steps.num_rows - kept.num_rows
+                if kept.num_rows:
+                    pending["steps"].append(_with_run(kept, b.run_id))
+                    att = kept.column("attempt").to_numpy()
+                    st = kept.column("step").to_numpy()
+                    for a in np.unique(att):
+                        sel = st[att == a]
+                        dirty.append((b.run_id, int(a), int(sel.min()), int(sel.max())))
+            if b.events is not None and b.events.num_rows:
+                kept = self._new_events(b.run_id, b.events, new_event_marks, pending)
+                res.events_inserted = kept.num_rows
+                res.events_duplicate = b.events.num_rows - kept.num_rows
+                if kept.num_rows:
+                    pending["events"].append(_with_run(kept, b.run_id))
+            results.append(res)
+        written = self._flush(pending)
+        # only now is it stored: advance marks, record dirty ranges and our own files
+        self._marks.update(new_marks)
+        self._event_marks.update(new_event_marks)
+        self._known_runs.update(b.run_id for b in batches)
+        # dirty first, then seen: a checkpoint lists a segment only once its steps are dirty
+        if dirty:
+            self._con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", dirty)
+        with self._lock:
+            self._seen.update(written)
+        if written and not all(self._views.values()):
+            self._define_views()
+        return results
+
+    def _new_steps(self, run_id: str, t: pa.Table, marks: dict, pending: dict) -> pa.Table:
+        """Rows of ``t`` not stored yet: all of them when each rank's steps lie above its
+        high-water mark (the common case), else an exact anti-join against the dataset."""
+        att = t.column("attempt").to_numpy()
+        rank = t.column("rank").to_numpy()
+        step = t.column("step").to_numpy()
+        fast = True
+        for a in np.unique(att):
+            sel = att == a
+            key = (run_id, int(a))
+            m = marks.get(key)
+            if m is None:
+                m = self._marks.get(key)
+                m = (self._stored_step_marks(run_id, int(a)) if m is None else m).copy()
+            m, above, top_r, top_s = check_marks(m, rank[sel], step[sel])
+            fast = fast and above
+            m[top_r] = np.maximum(m[top_r], top_s)
+            marks[key] = m
+        if fast:
+            return t
+        self._flush(pending)  # rows gathered earlier in this group must be visible
+        self._define_views()
+        self._con.register("_batch", t)
+        try:
+            return self._con.sql(f"SELECT {_NEW_STEPS}", params=[
+                run_id, int(step.min()), int(step.max())]).to_arrow_table()
+        finally:
+            self._con.unregister("_batch")
+
+    def _new_events(self, run_id: str, t: pa.Table, marks: dict, pending: dict) -> pa.Table:
+        fast = True
+        for src, q in zip(t.column("source").to_pylist(), t.column("seq").to_pylist()):
+            key = (run_id, src)
+            if key not in marks:
+                mark = self._event_marks.get(key)
+                marks[key] = self._stored_event_mark(run_id, src) if mark is None else mark
+            if q <= marks[key]:
+                fast = False
+            marks[key] = max(marks[key], q)
+        if fast:
+            return t
+        self._flush(pending)
+        self._define_views()
+        self._con.register("_batch", t)
+        try:
+            return self._con.sql(f"SELECT {_NEW_EVENTS}", params=[run_id]).to_arrow_table()
+        finally:
+            self._con.unregister("_batch")
+
+    def _flush(self, pending: dict[str, list[pa.Table]]) -> list[str]:
+        """Write what is pending as segments (and empty ``pending``); the paths written."""
+        written = []
+        for table in ("steps", "events"):
+            if not pending[table]:
+                continue
+            t = pa.concat_tables(pending[table], promote_options="default")
+            pending[table] = []
+            hours = hour_of(t.column(_TIME[table]).to_numpy())
+            runs = t.column("run_id").to_numpy(zero_copy_only=False)
+            for run_id in np.unique(runs):
+                for h in np.unique(hours[runs == run_id]):
+                    part = t.filter(pa.array((runs == run_id) & (hours == h)))
+                    part = part.drop_columns(["run_id"]).sort_by(
+                        [(c, "ascending") for c in _ORDER[table]])
+                    folder = (self.root / table / f"run_id={quote(str(run_id), safe='')}"
+                              / f"hour={_hour_name(h)}")
+                    written.append(self._write_segment(folder, part))
+        if pending["runs"]:
+            t = pa.concat_tables(pending["runs"], promote_options="default")
+            pending["runs"] = []
+            written.append(self._write_segment(self.root / "runs", t))
+        return written
+
+    def _segment_name(self) -> str:
+        # the process token keeps a reused --writer-id from reaching an earlier name
+        return f"{self.writer_id}-{self._token}-{next(self._seq):08d}.parquet"
+
+    def _write_segment(self, folder: Path, t: pa.Table) -> str:
+        _makedirs_durable(folder)
+        name = self._segment_name()
+        tmp = folder / f".{name}.inprogress"
+        pq.write_table(t, tmp, compression="zstd", row_group_size=1_000_000)
+        return _publish(tmp, folder, name, self._segment_name)
+
+    # ------------------------------------------------------------------ summaries
+    def external_changes(self) -> bool:
+        """Time to look for segments other collectors wrote (the summariser asks)."""
+        return time.monotonic() - self._last_scan >= self.rescan_every_s
+
+    def _rescan(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Mark the step ranges of segments not seen yet (others', or written before this
+        process started) dirty; returns how many segments were new. ``con``: the calling
+        thread's cursor (a DuckDB connection is not shared between threads)."""
+        self._last_scan = time.monotonic()
+        con = con or self._con
+        files = sorted(str(p) for p in (self.root / "steps").glob("*/*/*.parquet"))
+        with self._lock:
+            listed = set(files)
+            # forget what is gone (compacted away); a segment this process wrote after the
+            # listing is forgotten too and re-summarised once: harmless
+            self._seen &= listed
+            new = [f for f in files if f not in self._seen]
+        if not new:
+            return 0
+        try:
+            # one range per segment: a range over all of them would span the gaps between
+            # (an old merged segment and today's: every step of the run)
+            ranges = con.execute(
+                f"SELECT run_id, attempt, min(step), max(step) FROM read_parquet($files, "
+                f"{_HIVE}, filename = true) GROUP BY filename, run_id, attempt",
+                {"files": new}).fetchall()
+        except duckdb.IOException:
+            return 0  # compacted away meanwhile: the merged segment is picked up next time
+        if ranges:
+            con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", ranges)
+        with self._lock:
+            self._seen.update(new)
+        return len(new)
+
+    def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Pick up new segments, then summarise dirty ranges as the DuckDB store does (and
+        compact old small segments every few minutes when writable)."""
+        self._define_views(con)
+        self._rescan(con)
+        covered = self._covered()  # before the pass: each is dirty or summarised already
+        total = super().summarize_dirty(con)
+        self._summarised = covered
+        if not self.read_only and time.monotonic() - self._last_compact > self.compact_after_s:
+            self._last_compact = time.monotonic()
+            self.compact(older_than_s=self.compact_after_s, con=con)
+        # at most every summary_every_s, and rarely enough that saving takes <= 2% of the
+        # time (the checkpoint grows with the steps: ~64 B each)
+        if not self.read_only and time.monotonic() - self._last_save >= max(
+                self.summary_every_s, 50 * self._save_s):
+            self.save_summaries(con)
+        return total
+
+    def has_dirty(self) -> bool:
+        """Whether some step ranges await summarising (or new segments a rescan would find)."""
+        return super().has_dirty() or self.external_changes()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _covered(self) -> dict[str, set[str]]:
+        """The step segments this store has marked dirty or summarised, by run folder
+        (``run_id=<encoded id>``)."""
+        prefix = str(self.root / "steps") + os.sep
+        with self._lock:
+            files = [f for f in self._seen if f.startswith(prefix)]
+        out: dict[str, set[str]] = {}
+        for f in files:
+            out.setdefault(Path(f).parent.parent.name, set()).add(f)
+        return out
+
+    def _present(self, key: str = "*") -> set[str]:
+        return {str(p) for p in (self.root / "steps").glob(f"{key}/*/*.parquet")}
+
+    def _checkpoints(self, key: str = "*") -> list[tuple[Path, str, set[str]]]:
+        """Each readable summary checkpoint (of run folder ``key``, default all): its path,
+        its run folder and the step segments (absolute paths) it covers; unreadable or
+        other-version ones are skipped."""
+        found = []
+        for path in sorted((self.root / "summaries").glob(f"{key}/*.parquet")):
+            try:
+                meta = pq.read_schema(path).metadata or {}
+                if meta.get(_CKPT_VERSION) != str(SCHEMA_VERSION).encode():
+                    continue
+                names = json.loads(zlib.decompress(base64.b64decode(meta[_COVERS])))
+            except (OSError, KeyError, ValueError, zlib.error, pa.ArrowException):
+                continue  # removed meanwhile, torn by hand, or not ours
+            found.append((path, path.parent.name, {str(self.root / n) for n in names}))
+        return found
+
+    def _load_summaries(self) -> int:
+        """For each run, start from the checkpoint covering the most of its step segments
+        still present: its summaries, and its segments as seen. Returns how many
+        checkpoints were loaded (one per run at most)."""
+        present = self._present()
+        cols = [r[0] for r in self._con.execute("DESCRIBE step_summaries").fetchall()]
+        by_run: dict[str, list[tuple]] = {}
+        for path, key, cov in self._checkpoints():
+            by_run.setdefault(key, []).append((len(cov & present), path.name, path,
+                                               cov & present))
+        loaded = 0
+        for key, ranked in by_run.items():
+            for hits, _, path, cov in sorted(ranked, reverse=True):
+                if not hits:
+                    break
+                try:
+                    t = pq.read_table(path)
+                except (OSError, pa.ArrowException):
+                    continue  # pruned by its writer meanwhile: the next best
+                if t.column_names != cols:
+                    continue
+                self._con.register("_ckpt", t)
+                try:
+                    self._con.execute("INSERT INTO step_summaries SELECT * FROM _ckpt")
+                finally:
+                    self._con.unregister("_ckpt")
+                with self._lock:
+                    self._seen |= cov
+                self._saved[key] = set(cov)
+                loaded += 1
+                break
+        return loaded
+
+    def save_summaries(self, con: duckdb.DuckDBPyConnection | None = None,
+                       best_effort: bool = False) -> list[str]:
+        """Checkpoint, for each run whose covered step segments changed since its last
+        checkpoint, the summaries of the last summarising pass with those segments (a run
+        with nothing new is not rewritten); removes, after the grace period, that run's
+        older checkpoints the new one supersedes. Returns the paths written.
+        ``best_effort``: a reader on a dataset it may not write gives up quietly."""
+        self._last_save = started = time.monotonic()
+        covered = self._summarised or {}
+        changed = {k: c for k, c in covered.items() if c != self._saved.get(k)}
+        written: list[str] = []
+        cur = (con or self._con).cursor()
+        try:
+            for key, files in sorted(changed.items()):
+                t = cur.sql("SELECT * FROM step_summaries WHERE run_id = $run "
+                            "ORDER BY attempt, step",
+                            params={"run": unquote(key.split("=", 1)[1])}).to_arrow_table()
+                names = sorted(os.path.relpath(f, self.root) for f in files)
+                t = t.replace_schema_metadata({
+                    _CKPT_VERSION: str(SCHEMA_VERSION).encode(),
+                    _COVERS: base64.b64encode(zlib.compress(json.dumps(names).encode()))})
+                try:
+                    path = self._write_segment(self.root / "summaries" / key, t)
+                except OSError:
+                    if best_effort:
+                        break
+                    raise
+                self._saved[key] = files
+                written.append(path)
+                if not self.read_only:
+                    present = self._present(key)
+                    old = [str(p) for p, _, cov in self._checkpoints(key)
+                           if str(p) != path and (cov & present) <= files]
+                    with self._lock:
+                        self._doomed.append((time.monotonic(), old))
+        finally:
+            cur.close()
+        if written:
+            self._save_s = time.monotonic() - started
+        return written
+
+    # ------------------------------------------------------------------ compaction
+    def compact(self, min_files: int | None = None, older_than_s: float = 0.0,
+                con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Merge each partition (and the run metadata) holding ``min_files`` or more
+        segments, none written in the last ``older_than_s`` seconds, into one segment;
+        returns the partitions merged.
+
+        The merge streams through DuckDB's ``COPY`` (bounded by its memory limit), keeps
+        the files plain (no partition columns inside), and removes the sources only
+        ``grace_s`` later, so a reader that listed them a moment ago still finds them
+        (until then the readers' deduplication hides the copies)."""
+        min_files = min_files or self.compact_min_files
+        self._remove_doomed()
+        merged = 0
+        now = time.time()
+        folders = [(t, f) for t in ("steps", "events")
+                   for f in sorted({p.parent for p in (self.root / t).glob("*/*/*.parquet")})]
+        folders.append(("runs", self.root / "runs"))
+        with self._lock:
+            doomed = {p for _, paths in self._doomed for p in paths}
+        for table, folder in folders:
+            files = sorted(f for f in folder.glob("*.parquet") if str(f) not in doomed)
+            if len(files) < min_files:
+                continue
+            try:
+                if any(now - f.stat().st_mtime < older_than_s for f in files):
+                    continue
+            except FileNotFoundError:
+                continue  # another collector is compacting it
+            if table == "runs":
+                meta = ", ".join(f"arg_max({c}, written) FILTER (WHERE {c} IS NOT NULL) AS {c}"
+                                 for c in _RUN_NAMES)
+                query = (f"SELECT run_id, {meta}, min(first_seen) AS first_seen, "
+                         f"max(written) AS written FROM read_parquet($files, union_by_name = "
+                         f"true, hive_partitioning = false) GROUP BY run_id ORDER BY run_id")
+            else:
+                keys = [k for k in _KEYS[table] if k != "run_id"]
+                names = _STEP_NAMES if table == "steps" else _EVENT_NAMES
+                query = (f"SELECT {', '.join(names)} FROM read_parquet($files, union_by_name "
+                         f"= true, hive_partitioning = false) QUALIFY row_number() OVER "
+                         f"(PARTITION BY {', '.join(keys)}) = 1 ORDER BY "
+                         f"{', '.join(_ORDER[table])}")
+            name = self._segment_name()
+            tmp = folder / f".{name}.inprogress"
+            cur = (con or self._con).cursor()
+            try:
+                cur.execute(f"COPY ({query}) TO '{str(tmp).replace(chr(39), chr(39) * 2)}' "
+                            "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)",
+                            {"files": [str(f) for f in files]})
+            except duckdb.IOException:
+                tmp.unlink(missing_ok=True)
+                continue  # a source vanished (another collector compacted it): next time
+            finally:
+                cur.close()
+            final = _publish(tmp, folder, name, self._segment_name)
+            with self._lock:
+                # merged from segments all seen (their steps dirty or summarised already):
+                # seen too, no need to summarise the hour again. Otherwise it is left
+                # unseen, and the next rescan marks its steps dirty.
+                if table == "steps" and all(str(f) in self._seen for f in files):
+                    self._seen.add(final)
+                self._doomed.append((time.monotonic(), [str(f) for f in files]))
+            merged += 1
+        return merged
+
+    def _remove_doomed(self, everything: bool = False) -> None:
+        """Remove compacted sources whose grace period is over."""
+        now = time.monotonic()
+        with self._lock:
+            due = [d for d in self._doomed if everything or now - d[0] >= self.grace_s]
+            self._doomed = [d for d in self._doomed if d not in due]
+        for _, paths in due:
+            for f in paths:
+                Path(f).unlink(missing_ok=True)
+            if paths:
+                _fsync(Path(paths[0]).parent)
+
+    def close(self) -> None:
+        """Every acknowledged segment is already in place; a writable store summarises what
+        is left and saves a last summary checkpoint (compacted sources and superseded
+        checkpoints still in their grace period are removed now)."""
+        if not self.read_only:
+            if self.has_dirty():
+                self.summarize_dirty()
+            self.save_summaries()
+            self._remove_doomed(everything=True)
+        self._con.close()
+
+
+def _with_run(t: pa.Table, run_id: str) -> pa.Table:
+    return t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
+
+
+def _makedirs_durable(folder: Path) -> None:
+    """Create ``folder`` and its missing parents, fsyncing each parent whose entry was
+    created, so a segment acknowledged in a new partition survives a power loss."""
+    missing = []
+    p = folder
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue  # another collector made it: it fsyncs the parent
+        _fsync(d.parent)
+
+
+def _publish(tmp: Path, folder: Path, name: str, next_name: Any) -> str:
+    """Make the finished ``tmp`` visible as ``folder/name`` without ever replacing an
+    existing segment (a hard link fails when the name is taken: take the next one), then
+    fsync the folder. Returns the final path."""
+    _fsync(tmp)
+    while True:
+        final = folder / name
+        try:
+            os.link(tmp, final)
+            break
+        except FileExistsError:
+            name = next_name()
+    tmp.unlink()
+    _fsync(folder)
+    return str(final)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.inprogress")
+    tmp.write_bytes(data)
+    _fsync(tmp)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def open_store(spec: str | Path, *, read_only: bool = False, **kw: Any) -> Store:
+    """A store from ``--db``/``--store``: ``parquet:DIR`` for a Parquet dataset, else a
+    DuckDB file path (``duckdb:PATH`` also accepted)."""
+    text = str(spec)
+    if text.startswith("parquet:"):
+        return ParquetStore(text[len("parquet:"):], read_only=read_only, **kw)
+    if text.startswith("duckdb:"):
+        text = text[len("duckdb:"):]
+    return Store(text, read_only=read_only, **kw)
+

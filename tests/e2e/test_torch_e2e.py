@@ -1,0 +1,167 @@
+"""End-to-end: 4 real gloo ranks under torchrun feed a real collector, with injected faults.
+
+Why: the exporter, the PyTorch integration, the detectors and the accounting are only proven
+together when a real distributed job drives them (a real slow rank, crash and restart, hang,
+and a real Prometheus scraping). Each torchrun runs in its own session under a timeout and
+is killed as a group, so no stray rank outlives a test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import GOODLENS, ROOT, Collector, Prometheus, http, kill_tree
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+EXAMPLE = ROOT / "examples" / "train_ddp.py"
+
+
+def torchrun(tmp_path: Path, url: str, run_id: str, *args: str, restarts: int = 0,
+             timeout: float = 60, wait: bool = True) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node=4", f"--max-restarts={restarts}", str(EXAMPLE),
+           "--url", url, "--run-id", run_id, "--ckpt-dir", str(tmp_path / "ckpt"), *args]
+    log = open(tmp_path / f"{run_id}.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()
+    if wait:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            pytest.fail(f"torchrun timed out: {(tmp_path / f'{run_id}.log').read_text()[-3000:]}")
+        assert proc.returncode == 0, (tmp_path / f"{run_id}.log").read_text()[-3000:]
+    return proc
+
+
+
+
+def report(db: Path, run_id: str) -> dict:
+    out = subprocess.run([*GOODLENS, "report", "--db", str(db), "--run", run_id, "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout)
+
+
+def test_a_slow_rank_is_flagged_and_its_wait_matches_the_injected_delay(tmp_path):
+    from goodlens.storage.store import Store
+    c = Collector(tmp_path / "s.duckdb").start()
+    steps, onset, pct, compute_ms = 250, 100, 30.0, 40.0
+    try:
+        torchrun(tmp_path, c.url, "slow", "--steps", str(steps), "--compute-ms", str(compute_ms),
+                 "--slow-rank", "2", "--slow-pct", str(pct), "--slow-from", str(onset))
+        time.sleep(4)  # the detection pass (every 2 s) reads the last steps
+    finally:
+        c.stop()
+    store = Store(c.db, read_only=True)
+    try:
+        ev = store.events("slow", kinds=["straggler_flagged"])
+    finally:
+        store.close()
+    findings = [json.loads(d) for d in ev.detail]
+    assert findings, "no straggler flagged"
+    f = findings[0]
+    assert f["ranks"] == [2]
+    # near step 100: the onset estimate (where the CUSUM last left zero) can trail the real
+    # onset by a few noisy steps on this shared machine; detection within the issue's 30
+    assert onset - 10 <= f["first_step"] <= onset + 30
+    assert onset <= f["detected_step"] <= onset + 30
+    injected = (steps - onset) * compute_ms / 1000 * pct / 100
+    sw = report(c.db, "slow")["buckets"]["straggler_wait"]
+    assert sw == pytest.approx(injected, rel=0.10)
+
+
+def test_a_killed_rank_restarts_from_the_checkpoint_and_recompute_matches(tmp_path):
+    from goodlens.storage.store import Store
+    c = Collector(tmp_path / "k.duckdb").start()
+    try:
+        torchrun(tmp_path, c.url, "kill", "--steps", "80", "--ckpt-every", "20",
+                 "--kill-rank", "1", "--kill-at", "50", restarts=1)
+    finally:
+        c.stop()
+    store = Store(c.db, read_only=True)
+    try:
+        steps = store.steps("kill")
+        restores = store.events("kill", kinds=["ckpt_restore_end"])
+    finally:
+        store.close()
+    assert sorted(steps.attempt.unique()) == [0, 1]
+    second = steps[steps.attempt == 1]
+    assert second.step.min() == 40  # resumed after the checkpoint of step 39
+    assert set(restores.step) == {39}
+    first = steps[steps.attempt == 0]
+    redone = first[first.step >= 40]
+    full = redone.groupby("step")["rank"].nunique()
+    full = full[full == 4].index  # steps every rank reported before the crash
+    assert len(full) > 0 and full.max() < 50
+    rep = report(c.db, "kill")
+    # rolled back: every step at or after 40 that attempt 0 recorded (some by fewer ranks)
+    assert len(full) <= rep["steps"]["recomputed"] <= redone.step.nunique()
+    assert [a["steps"]["kept"] for a in rep["attempts"]] == [40, 40]
+    # recompute = those steps' time (median rank) plus at most the partial step in flight
+    per_step = redone.groupby("step").duration_s.median()
+    step_s = first.duration_s.median()
+    assert per_step[full].sum() - 0.05 <= rep["buckets"]["recompute"] \
+        <= per_step.sum() + step_s + 0.05
+    assert rep["buckets"]["restart"] > 0
+
+
+def test_prometheus_scrapes_the_goodput_of_a_live_run(tmp_path):
+    c = Collector(tmp_path / "p.duckdb").start()
+    prom = Prometheus(tmp_path, c.port)
+    run = torchrun(tmp_path, c.url, "prom", "--steps", "1500", "--compute-ms", "10",
+                   wait=False)
+    try:
+        result = prom.query_until('goodlens_run_goodput_ratio{run="prom"}',
+                                  lambda r: float(r[0]["value"][1]) > 0)
+        assert result, "Prometheus never returned a positive goodput for the run"
+        assert run.poll() is None, "the run ended before Prometheus scraped it live"
+        assert 0 < float(result[0]["value"][1]) <= 1
+        assert result[0]["metric"]["job"] == "goodlens"
+    finally:
+        kill_tree(run)
+        prom.stop()
+        c.stop()
+
+
+def test_a_hung_rank_is_recorded_as_a_hang_within_the_adaptive_timeout(tmp_path):
+    """The live collector (hang floor 3 s; the timeout adapts to 3x the longest step
+    interval) records failure_detected with cause hang while torchrun is still stuck."""
+    from goodlens.storage.store import Store
+    c = Collector(tmp_path / "h.duckdb", "--hang-floor", "3s").start()
+    run = torchrun(tmp_path, c.url, "hang", "--steps", "500", "--compute-ms", "10",
+                   "--hang-rank", "3", "--hang-at", "60", wait=False)
+    try:
+        deadline = time.monotonic() + 60
+        reason = None
+        while time.monotonic() < deadline and reason != "failed":
+            time.sleep(1)
+            status, body = http("GET", c.url + "/v1/runs/hang")
+            if status == 200 and body["attempts"]:
+                reason = body["attempts"][-1]["end_reason"]
+        assert reason == "failed", "the collector did not record the hang in time"
+        assert run.poll() is None, "torchrun ended instead of hanging"
+    finally:
+        kill_tree(run)
+        c.stop()
+    store = Store(c.db, read_only=True)
+    try:
+        steps = store.steps("hang")
+        ev = store.events("hang", kinds=["failure_detected"])
+    finally:
+        store.close()
+    assert steps.step.max() < 60
+    last_end = float((steps.start_time + steps.duration_s).max())
+    assert list(ev.cause) == ["hang"]
+    # recorded when the adaptive timeout expired after the last step: not before, and well
+    # within a minute (the floor is 3 s; the intervals here are tens of milliseconds, plus
+    # the first steps' start-up)
+    assert last_end < ev.time.iloc[0] <= last_end + 60.0

@@ -1,0 +1,343 @@
+"""Dashboard pieces without a browser: figure builders, page layouts, the data layer's
+cache, the store's pooled heatmap, the checkpoint table and the what-if calibration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from goodlens.analysis.accounting import BUCKETS, account_run, report_dict
+from goodlens.analysis.checkpoints import checkpoint_table
+from goodlens.analysis.runsim.config import SimConfig
+from goodlens.analysis.whatif import calibrate, what_if
+from goodlens.collector.replay import import_trace
+from goodlens.dashboard import figures as fig
+from goodlens.dashboard import pages
+from goodlens.dashboard.app import create_app, parse_path, whatif_changes
+from goodlens.dashboard.data import DashConfig, RunData
+from goodlens.model.batch import Batch, validate_batch
+from goodlens.storage.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_767_225_600.0
+
+
+@pytest.fixture(scope="module")
+def sim64(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    store = Store(tmp_path_factory.mktemp("d") / "s.duckdb")
+    import_trace(store, ROOT / "sample_data" / "sim-64")
+    store.summarize_dirty()
+    yield store
+    store.close()
+
+
+def _grid_store(tmp_path: Path, ranks: int, steps: int, slow_rank: int, slowdown: float
+                ) -> Store:
+    """One attempt, ``ranks`` x ``steps``, compute 1.0 s (+-0.5%) except one slow rank."""
+    store = Store(tmp_path / "grid.duckdb")
+    rng = np.random.default_rng(1)
+    step = np.repeat(np.arange(steps, dtype=np.int64), ranks)
+    rank = np.tile(np.arange(ranks, dtype=np.int64), steps)
+    compute = 1.0 + 0.005 * rng.standard_normal(ranks * steps)
+    compute[rank == slow_rank] *= 1 + slowdown
+    store.write_group([validate_batch({
+        "schema_version": 1, "run_id": "g", "run": {"world_size": ranks},
+        "events": {"source": "t", "seq": [0], "kind": ["attempt_start"], "time": [T0],
+                   "attempt": 0}})])
+    store.write_group([Batch(run_id="g", steps=pa.table({
+        "attempt": np.zeros(len(step), np.int64), "rank": rank,
+        "host": pa.array([f"h{r // 8}" for r in range(ranks)]).take(pa.array(rank)),
+        "step": step, "start_time": T0 + 10 + step * 1.2, "duration_s": np.full(len(step), 1.1),
+        "compute_s": compute, "collective_wait_s": 1.1 - compute,
+        "data_wait_s": pa.nulls(len(step), pa.float64()),
+        "tokens": pa.nulls(len(step), pa.int64()), "samples": pa.nulls(len(step), pa.int64())}))])
+    store.summarize_dirty()
+    return store
+
+
+# ---------------------------------------------------------------------------- pure
+def test_parse_path_round_trips_run_ids_with_slashes() -> None:
+    assert parse_path("/") == ("runs", None)
+    assert parse_path(None) == ("runs", None)
+    assert parse_path("/runs/") == ("runs", None)
+    assert parse_path("/cluster") == ("cluster", None)
+    for rid in ["plain", "team/job 7", "a%b"]:
+        for page in ["overview", "ranks", "checkpoints", "whatif"]:
+            assert parse_path(pages.run_href(rid, page)) == (page, rid)
+    assert parse_path("/runs/x/nope") == ("unknown", None)
+    assert parse_path("/elsewhere") == ("unknown", None)
+
+
+def test_breakdown_figure_adds_up_to_the_wall_clock(sim64: Store) -> None:
+    rep = report_dict(sim64, "sim-64")
+    f = fig.breakdown_figure(rep)
+    total_h = sum(float(t.x[0]) for t in f.data)
+    assert total_h == pytest.approx(rep["wall_clock_s"] / 3600, rel=1e-9)
+    restart_h = sum(float(t.x[0]) for t in f.data if t.y[0] == "restart")
+    assert restart_h == pytest.approx(rep["buckets"]["restart"] / 3600, rel=1e-9)
+    assert fig.breakdown_figure({"wall_clock_s": 0}).layout.annotations[0].text == \
+        "no wall-clock yet"
+
+
+def test_goodput_series_shares_stack_to_100(sim64: Store) -> None:
+    series = account_run(sim64, "sim-64").goodput_series(points=50)
+    f = fig.goodput_series_figure(series)
+    assert [t.name for t in f.data] == [fig.label(b) for b in BUCKETS]
+    stacked = np.sum([np.asarray(t.y, float) for t in f.data], axis=0)
+    assert np.allclose(stacked, 100, atol=1e-6)
+    assert "not enough data" in fig.goodput_series_figure(
+        series.iloc[:0]).layout.annotations[0].text
+
+
+def test_timeline_marks_each_failure_once(sim64: Store) -> None:
+    d = RunData(sim64).overview("sim-64")
+    f = fig.timeline_figure(d["attempts"], d["events"], d["report"]["end"])
+    attempts = [t for t in f.data if t.y[0] == "attempts"]
+    assert len(attempts) == len(d["attempts"]) == 3
+    failures = [t for t in f.data if t.name == "failure"]
+    truth = json.loads((ROOT / "sample_data/sim-64/ground_truth.json").read_text())
+    n_fail = sum(1 for a in d["attempts"].end_reason if a == "failed")
+    assert len(failures[0].x) == n_fail == 2
+    ckpts = [t for t in f.data if t.name == "checkpoint"]
+    assert len(ckpts[0].x) == len(checkpoint_table(sim64.events("sim-64")))
+    assert truth["run_id"] == "sim-64"
+
+
+def test_overview_page_carries_the_report_exactly(sim64: Store) -> None:
+    rep = report_dict(sim64, "sim-64")
+    body = pages.overview_body(RunData(sim64).overview("sim-64"))
+    found = {}
+
+    def walk(c: object) -> None:
+        cid = getattr(c, "id", None)
+        if isinstance(cid, str):
+            found[cid] = c
+        kids = getattr(c, "children", None)
+        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
+            walk(k)
+    walk(body)
+    assert found["headline-goodput"].children == fig.pct(rep["goodput"])
+    for b, v in rep["buckets"].items():
+        assert found[f"bucket-{b}"].title == f"{v:.2f} s"
+
+
+def test_heatmap_max_pooling_keeps_one_slow_rank_visible(tmp_path: Path) -> None:
+    """512 ranks pooled into 32 bins (16 ranks each): max-pooling shows a 10% slow rank at
+    about +10%; mean pooling dilutes it to about 10/16 %."""
+    store = _grid_store(tmp_path, ranks=512, steps=40, slow_rank=300, slowdown=0.10)
+    try:
+        grid = store.heatmap("g", 0, 0, 39, rank_bins=32, step_bins=10)
+        assert len(grid) == 32 * 10
+        assert set(grid.rank_hi - grid.rank_lo) == {15}
+        f = fig.heatmap_figure(grid, "max")
+        z = np.asarray(f.data[0].z, float)
+        slow_bin = 300 * 32 // 512
+        assert z[slow_bin].min() > 7.0 and np.delete(z, slow_bin, axis=0).max() < 3.0
+        assert set(grid[grid.rbin == slow_bin].worst_rank) == {300}
+        zm = np.asarray(fig.heatmap_figure(grid, "mean").data[0].z, float)
+        assert 0.3 < zm[slow_bin].mean() < 1.0
+        # pandas over the raw rows agrees with the store's pooled grid
+        raw = store.steps("g")
+        raw["rbin"] = raw["rank"] * 32 // 512
+        raw["sbin"] = raw["step"] * 10 // 40
+        ref = raw.groupby(["rbin", "sbin"]).compute_s.agg(["mean", "max"]).reset_index()
+        merged = grid.merge(ref, on=["rbin", "sbin"], suffixes=("", "_ref"))
+        assert np.allclose(merged["mean"], merged.mean_ref)
+        assert np.allclose(merged["max"], merged.max_ref)
+        hosts = store.host_compute("g", 0, 0, 39)
+        assert len(hosts) == 64 and hosts.loc[hosts.worst_rank == 300, "host"].item() == "h37"
+    finally:
+        store.close()
+
+
+def test_ranks_data_finds_the_planted_rank_in_a_batch_pass(tmp_path: Path) -> None:
+    store = _grid_store(tmp_path, ranks=64, steps=200, slow_rank=21, slowdown=0.15)
+    try:
+        data = RunData(store)
+        first = data.ranks("g")  # the batch scan runs off the callback thread
+        assert first["findings_source"] in ("pending", "batch")
+        data.findings("g", wait=True)
+        d = data.ranks("g")
+        assert d["findings_source"] == "batch"
+        subjects = {(f["subject_kind"], str(f["subject_id"])) for f in d["findings"]}
+        assert ("rank", "21") in subjects
+        h = d["hosts"]
+        assert h.sort_values("relative").host.iloc[-1] == "h2"  # rank 21's host
+        assert h.loc[h.host == "h2", "worst_relative"].item() == pytest.approx(0.15, abs=0.01)
+        body = pages.ranks_body(d)
+        assert body is not None
+    finally:
+        store.close()
+
+
+def test_data_cache_follows_the_run_version(tmp_path: Path) -> None:
+    store = _grid_store(tmp_path, ranks=8, steps=20, slow_rank=0, slowdown=0.0)
+    try:
+        data = RunData(store)
+        a = data.overview("g")
+        assert data.overview("g") is a  # unchanged run: served from the cache
+        step = np.repeat(np.arange(20, 30, dtype=np.int64), 8)
+        rank = np.tile(np.arange(8, dtype=np.int64), 10)
+        store.write_group([Batch(run_id="g", steps=pa.table({
+            "attempt": np.zeros(80, np.int64), "rank": rank, "host": ["h0"] * 80,
+            "step": step, "start_time": T0 + 10 + step * 1.2, "duration_s": np.full(80, 1.1),
+            "compute_s": np.full(80, 1.0), "collective_wait_s": np.full(80, 0.1),
+            "data_wait_s": pa.nulls(80, pa.float64()), "tokens": pa.nulls(80, pa.int64()),
+            "samples": pa.nulls(80, pa.int64())}))])
+        store.summarize_dirty()
+        b = data.overview("g")
+        assert b is not a and b["report"]["wall_clock_s"] > a["report"]["wall_clock_s"]
+        assert data.overview("missing") is None
+    finally:
+        store.close()
+
+
+def test_checkpoint_table_spans_first_start_to_last_end() -> None:
+    rows = []
+    for rank, lag in enumerate([0.0, 0.5, 1.5]):  # three ranks, the last one slowest
+        for kind, t, b in [("ckpt_save_start", 100.0 + lag / 10, None),
+                           ("ckpt_save_blocking_end", 102.0 + lag, None),
+                           ("ckpt_save_durable_end", 130.0 + lag, 1_000_000)]:
+            rows.append({"kind": kind, "time": t, "attempt": 0, "step": 500, "tier": "durable",
+                         "source": f"r{rank}", "bytes": b})
+    rows.append({"kind": "ckpt_save_start", "time": 200.0, "attempt": 0, "step": 600,
+                 "tier": "durable", "source": "r0", "bytes": None})  # sync, not yet durable
+    t = checkpoint_table(pd.DataFrame(rows))
+    assert list(t.step) == [500, 600]
+    first = t.iloc[0]
+    assert first.stall_s == pytest.approx(3.5) and first.write_s == pytest.approx(31.5)
+    assert first["bytes"] == 3_000_000 and first.ranks == 3
+    assert np.isnan(t.iloc[1].stall_s) and np.isnan(t.iloc[1].write_s)
+    assert checkpoint_table(pd.DataFrame(columns=["kind"])).empty
+
+
+def test_calibration_recovers_the_simulated_runs_config(sim64: Store) -> None:
+    truth = json.loads((ROOT / "sample_data/sim-64/ground_truth.json").read_text())["config"]
+    cal = calibrate(sim64, "sim-64")
+    c = cal.config
+    assert (c.nodes, c.gpus_per_node) == (truth["nodes"], truth["gpus_per_node"])
+    assert c.ckpt_mode == truth["ckpt_mode"] == "async"
+    assert c.snapshot_s == pytest.approx(truth["snapshot_s"], rel=0.01)
+    assert c.write_s == pytest.approx(truth["write_s"], rel=0.01)
+    assert c.restore_s == pytest.approx(truth["restore_s"], rel=0.01)
+    assert c.init_s == pytest.approx(truth["init_s"], rel=0.01)
+    assert c.step_s == pytest.approx(truth["step_s"], rel=0.15)
+    assert c.duration_s == pytest.approx(truth["duration_s"], rel=0.01)
+    assert cal.provenance["node_mtbf_s"].startswith("measured")
+    # no change, same seeds: the two simulated breakdowns are identical
+    same = what_if(cal, {}, trials=10)
+    assert same["delta_points"] == 0.0 and same["baseline"] == same["changed"]
+    for part in ("baseline", "changed"):
+        assert sum(same[part]["buckets"].values()) == pytest.approx(c.duration_s, rel=1e-9)
+    with pytest.raises(ValueError, match="no simulator field"):
+        what_if(cal, {"intervall_s": 60})
+
+
+def test_whatif_form_validation() -> None:
+    base = SimConfig(nodes=4, interval_s=600, ckpt_mode="sync")
+    assert whatif_changes(base, 10, "sync", "restart", 0, []) == {}
+    assert whatif_changes(base, 5, "async", "restart", 0, ["evict"]) == {
+        "interval_s": 300.0, "ckpt_mode": "async", "evict_stragglers": True}
+    assert whatif_changes(base, 10, "sync", "spares", 2, []) == {"elastic": "spares",
+                                                                 "spares": 2}
+    # picking the spares policy means at least one spare
+    assert whatif_changes(base, 10, "sync", "spares", 0, []) == {"elastic": "spares",
+                                                                 "spares": 1}
+    for bad, msg in [((0, "sync", "restart", 0, []), "at least 0.1 minutes"),
+                     ((0.05, "sync", "restart", 0, []), "at least 0.1 minutes"),
+                     ((None, "sync", "restart", 0, []), "at least 0.1 minutes"),
+                     ((10, "sync", "restart", -1, []), "whole number"),
+                     ((10, "sync", "restart", 1.5, []), "whole number"),
+                     ((10, "sync", "spares", 5, []), "at most 4 hot spares")]:
+        with pytest.raises(ValueError, match=msg):
+            whatif_changes(base, *bad)
+    with pytest.raises(ValueError, match="cannot shrink"):
+        whatif_changes(SimConfig(nodes=1), 30, "sync", "shrink", 0, [])
+
+
+def test_empty_and_tiny_runs_render(tmp_path: Path) -> None:
+    store = Store(tmp_path / "e.duckdb")
+    try:
+        data = RunData(store, DashConfig())
+        assert data.runs() == []
+        assert "No runs yet" in str(pages.runs_body([]))
+        # a run that has only started: no steps, no wall-clock to speak of
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": "new", "events": {
+                "source": "t", "seq": [0], "kind": ["attempt_start"], "time": [T0],
+                "attempt": 0}})])
+        store.summarize_dirty()
+        assert pages.overview_body(data.overview("new")) is not None
+        rk = data.ranks("new")
+        assert rk["grid"] is None and rk["findings"] == []
+        assert pages.ranks_body(rk) is not None
+        assert pages.checkpoints_body(data.checkpoints("new")) is not None
+        # in progress since T0: the what-if simulates it as it stands, without step data
+        cal = calibrate(store, "new")
+        assert cal.provenance["step_s"].startswith("assumed")
+        res = what_if(cal, {}, trials=2)
+        assert sum(res["baseline"]["buckets"].values()) == pytest.approx(cal.config.duration_s)
+        assert create_app(store) is not None
+    finally:
+        store.close()
+
+
+def test_checkpoint_and_whatif_figures(sim64: Store) -> None:
+    d = RunData(sim64).checkpoints("sim-64")
+    f = fig.checkpoint_figure(d["table"])
+    stall = next(t for t in f.data if t.name.startswith("stall ("))
+    assert list(stall.y) == list(d["table"].stall_s)
+    g = fig.interval_figure(d["measured"])
+    best = next(t for t in g.data if t.name == "best")
+    assert best.x[0] == pytest.approx(d["measured"]["best_interval_s"] / 60)
+    cal = calibrate(sim64, "sim-64")
+    res = what_if(cal, {"interval_s": cal.config.interval_s / 4}, trials=8)
+    w = fig.whatif_figure(res)
+    stacks = np.sum([np.asarray(t.y, float) for t in w.data], axis=0)
+    assert np.allclose(stacks, 100, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- cluster page
+def test_cluster_page_pieces() -> None:
+    from goodlens.analysis.clustersim.config import Policy
+    from goodlens.dashboard import cluster
+    for side in (cluster.DEFAULT_A, cluster.DEFAULT_B,
+                 {"gang": False, "topo": True, "fair": False, "preempt": "kill", "spares": 3}):
+        spec = cluster.policy_spec(side)
+        p = Policy.parse(spec)
+        assert (p.gang, p.topo, p.fair, p.preempt, p.spares) == (
+            side["gang"], side["topo"], side["fair"], side["preempt"], side["spares"])
+    a, b = cluster.policy_spec(cluster.DEFAULT_A), cluster.policy_spec(cluster.DEFAULT_B)
+    res = cluster.run_compare("test-64", a, b, 0)
+    assert cluster.run_compare("test-64", a, b, 0) is res  # cached
+    f = cluster.node_hours_figure(res)
+    for i, side in enumerate(("a", "b")):
+        left = sum(t.y[i] for t in f.data if t.xaxis == "x")
+        assert left == pytest.approx(res[side]["cluster"]["node_seconds"]["total"] / 3600)
+    rows = {r[0]: r for r in cluster.metric_rows(res)}
+    m = {x["metric"]: x for x in res["metrics"]}
+    assert rows["jobs done"][1:3] == [f"{m['jobs_done']['a']:,}", f"{m['jobs_done']['b']:,}"]
+    assert rows["utilisation (nodes allocated)"][1] == fig.pct(m["utilisation"]["a"])
+    own = cluster.owners_figure(res)
+    target = next(t for t in own.data if t.name == "target share")
+    assert sum(target.y) == pytest.approx(100.0)
+    assert cluster.cluster_body(res) is not None and cluster.cluster_layout() is not None
+
+
+def test_heatmap_scans_the_latest_steps_unless_asked_for_all(tmp_path: Path) -> None:
+    store = _grid_store(tmp_path, ranks=64, steps=100, slow_rank=3, slowdown=0.1)
+    try:
+        data = RunData(store, DashConfig(heatmap_max_rows=64 * 30))
+        latest = data.ranks("g")
+        assert latest["window"] == (70, 99, 64) and latest["clipped"]
+        assert "the latest steps" in str(pages.ranks_body(latest))
+        whole = data.ranks("g", whole=True)
+        assert whole["window"] == (0, 99, 64) and not whole["clipped"]
+    finally:
+        store.close()
+

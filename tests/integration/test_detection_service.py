@@ -1,0 +1,167 @@
+"""Streaming detection in the collector: findings stored as events, on /metrics, pushed to a
+webhook once per finding."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from goodlens.collector.detection import DetectionService
+from goodlens.collector.metrics import make_registry
+from goodlens.collector.replay import import_trace
+from goodlens.storage.store import Store
+from goodlens.storage.writer import Writer
+from tests.harness import ROOT, Collector, free_port, http
+
+SAMPLE = ROOT / "sample_data" / "demo"
+
+
+def test_the_service_flags_the_demo_straggler_once_and_stores_it(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    import_trace(store, SAMPLE)
+    writer = Writer(store).start()
+    calls = []
+    svc = DetectionService(store, writer, callback=lambda run, f: calls.append((run, f)))
+    try:
+        new = svc.poll_once()
+        # rank 5 is slow from step 150; still slow after the restart, it is the same finding
+        assert [(r, f.subject_kind, f.subject_id, f.attempt) for r, f in new] == [
+            ("demo-8x", "rank", 5, 0)]
+        assert 145 <= new[0][1].first_step <= 160
+        assert svc.poll_once() == []  # nothing new: no second report
+        assert len(calls) == 1
+        writer.sync()
+        ev = store.events("demo-8x", kinds=["straggler_flagged"])
+        assert list(ev.attempt) == [0] and list(ev["rank"]) == [5]
+        assert list(ev.label) == ["rank:5"]
+        assert json.loads(ev.detail.iloc[0])["action"] == "evict"
+        get = make_registry(store, writer, svc).get_sample_value
+        assert get("goodlens_run_ranks_flagged", {"run": "demo-8x"}) == 1
+        assert 0.05 < get("goodlens_straggler_slowdown_ratio", {
+            "run": "demo-8x", "kind": "rank", "subject": "5", "action": "evict"}) < 0.15
+        # a second service (a restarted collector) finds it again but stores nothing new,
+        # and pushes nothing (its callback and webhook stay quiet)
+        again = []
+        second = DetectionService(store, writer, callback=lambda r, f: again.append(f))
+        assert len(second.poll_once()) == 1 and again == []
+        writer.sync()
+        assert len(store.events("demo-8x", kinds=["straggler_flagged"])) == 1
+    finally:
+        writer.stop()
+        store.close()
+
+
+def test_live_collector_pushes_each_finding_once_to_the_webhook(tmp_path):
+    received: list[dict] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    hook = HTTPServer(("127.0.0.1", free_port()), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    c = Collector(tmp_path / "live.duckdb", "--webhook",
+                  f"http://127.0.0.1:{hook.server_port}/evict").start()
+    try:
+        from goodlens.collector.replay import stream_trace
+        stream_trace(SAMPLE, c.url, speed=0)
+        deadline = time.monotonic() + 30
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # two more detection passes: no repeat
+        assert [(r["run"], r["subject_kind"], r["subject_id"], r["attempt"])
+                for r in received] == [("demo-8x", "rank", 5, 0)]
+        _, text = http("GET", c.url + "/metrics")
+        assert 'goodlens_straggler_slowdown_ratio{action="evict",kind="rank",run="demo-8x",' \
+               'subject="5"}' in text
+        # a restarted collector re-reads the run and re-finds rank 5: no second push
+        c.stop()
+        c = Collector(tmp_path / "live.duckdb", "--webhook",
+                      f"http://127.0.0.1:{hook.server_port}/evict").start()
+        time.sleep(5)  # two detection passes at least
+        _, text = http("GET", c.url + "/metrics")
+        assert 'run="demo-8x",subject="5"' in text  # found again (its /metrics series)
+        assert len(received) == 1, received
+    finally:
+        c.stop()
+        hook.shutdown()
+
+
+def _live_run(store, run_id, now, last_step_ago, ended=False):
+    from goodlens.model.batch import validate_batch
+    steps = list(range(40))
+    t0 = now - last_step_ago - 40
+    for r in range(4):
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": run_id,
+            "steps": {"attempt": 0, "rank": r, "host": "h0", "step": steps,
+                      "start_time": [t0 + s for s in steps], "duration_s": 1.0,
+                      "compute_s": 0.8, "collective_wait_s": 0.2}})])
+    if ended:
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": run_id,
+            "events": {"source": "l", "seq": [0], "kind": ["attempt_end"],
+                       "time": [now - last_step_ago], "attempt": 0, "cause": ["completed"]}})])
+    store.summarize_dirty()
+
+
+def test_a_live_run_that_stops_stepping_is_recorded_as_a_hang_once(tmp_path):
+    from goodlens.detectors.hangs import HangConfig
+    store = Store(tmp_path / "h.duckdb")
+    writer = Writer(store).start()
+    now = time.time()
+    _live_run(store, "hung", now, last_step_ago=120)        # silent for 2 minutes
+    _live_run(store, "fine", now, last_step_ago=5)          # still stepping
+    _live_run(store, "done", now, last_step_ago=120, ended=True)  # finished cleanly
+    _live_run(store, "old", now - 10 * 86400, last_step_ago=0)    # a replay of old data
+    seen = []
+    svc = DetectionService(store, writer, hang_config=HangConfig(min_timeout_s=30.0),
+                           callback=lambda run, f: seen.append((run, f.subject_kind)))
+    try:
+        svc.poll_once(now=now)
+        assert seen == [("hung", "job")]
+        svc.poll_once(now=now + 1)
+        assert seen == [("hung", "job")]  # once
+        writer.sync()
+        ev = store.events("hung", kinds=["failure_detected"])
+        assert list(ev.cause) == ["hang"]
+        # recorded at the adaptive timeout after the last step, not at the check
+        assert ev.time.iloc[0] < now - 120 + 60
+        assert store.attempts("hung").end_reason.iloc[0] == "failed"
+        for run in ("fine", "done", "old"):
+            assert store.events(run, kinds=["failure_detected"]).empty
+    finally:
+        writer.stop()
+        store.close()
+
+
+def test_two_collectors_on_one_dataset_push_a_finding_once(tmp_path):
+    """Each collector's detector sees the whole Parquet dataset and finds the straggler;
+    the second to store it finds its event already there and pushes nothing."""
+    from goodlens.storage.parquet import ParquetStore
+    a = ParquetStore(tmp_path / "d", writer_id="a")
+    import_trace(a, SAMPLE)
+    b = ParquetStore(tmp_path / "d", writer_id="b")
+    wa, wb = Writer(a).start(), Writer(b).start()
+    pushed: list[tuple[str, int]] = []
+    try:
+        sa = DetectionService(a, wa, callback=lambda r, f: pushed.append(("a", f.subject_id)))
+        sb = DetectionService(b, wb, callback=lambda r, f: pushed.append(("b", f.subject_id)))
+        assert len(sa.poll_once()) == 1
+        assert len(sb.poll_once()) == 1  # found by both
+        assert pushed == [("a", 5)]  # pushed by the first only
+        reader = ParquetStore(tmp_path / "d", read_only=True)
+        assert len(reader.events("demo-8x", kinds=["straggler_flagged"])) == 1
+        reader.close()
+    finally:
+        wa.stop()
+        wb.stop()
+        a.close()
+        b.close()
