@@ -43,7 +43,7 @@ from goodlens.detectors.hangs import HangConfig, HangDetector, HangFinding
 from goodlens.detectors.stragglers import Finding, StragglerConfig, StragglerDetector, Topology
 from goodlens.model.batch import validate_batch
 from goodlens.model.schema import SCHEMA_VERSION
-from goodlens.storage.store import Store
+from goodlens.storage.reader import RunReader
 from goodlens.storage.writer import Writer
 
 log = logging.getLogger("goodlens.detection")
@@ -52,7 +52,7 @@ log = logging.getLogger("goodlens.detection")
 class DetectionService:
     """Runs the straggler detector over live runs and publishes its findings."""
 
-    def __init__(self, store: Store, writer: Writer | None, *, interval_s: float = 2.0,
+    def __init__(self, store: RunReader, writer: Writer | None, *, interval_s: float = 2.0,
                  config: StragglerConfig | None = None, webhook: str | None = None,
                  callback: Callable[[str, Any], None] | None = None,
                  hang_config: HangConfig | None = None, live_window_s: float = 3600.0) -> None:

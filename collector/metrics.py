@@ -23,7 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from goodlens.analysis.accounting import account_run
-from goodlens.storage.store import Store
+from goodlens.storage.reader import RunReader
 from goodlens.storage.writer import LATENCY_BUCKETS, Writer
 
 log = logging.getLogger("goodlens.metrics")
@@ -32,7 +32,7 @@ log = logging.getLogger("goodlens.metrics")
 class GoodlensCollector(Collector):
     """Per-run progress and step-time quantiles, plus the collector's own health."""
 
-    def __init__(self, store: Store, writer: Writer | None = None, window_steps: int = 100,
+    def __init__(self, store: RunReader, writer: Writer | None = None, window_steps: int = 100,
                  accounting_ttl_s: float = 10.0, detection: Any = None) -> None:
         self.store = store
         self.writer = writer
@@ -169,7 +169,7 @@ class GoodlensCollector(Collector):
         yield from (rows, dup, rej, batches, dropped, depth, lat, summ)
 
 
-def make_registry(store: Store, writer: Writer | None = None,
+def make_registry(store: RunReader, writer: Writer | None = None,
                   detection: Any = None) -> CollectorRegistry:
     """A fresh registry holding the goodlens collector (and nothing process-global)."""
     registry = CollectorRegistry(auto_describe=False)

@@ -18,6 +18,7 @@ from goodlens.model.batch import Batch, BatchError, validate_batch
 from goodlens.model.batch_arrow import arrow_steps
 from goodlens.model.schema import RUN_COLUMNS, SCHEMA_VERSION
 from goodlens.model.trace import Trace, TraceError, read_trace, write_trace
+from goodlens.storage.reader import RunReader
 from goodlens.storage.store import Store
 
 CHUNK_ROWS = 500_000
@@ -79,7 +80,7 @@ def import_trace(store: Store, path: str | Path,
     return totals
 
 
-def export_run(store: Store, run_ids: list[str], path: str | Path) -> Path:
+def export_run(store: RunReader, run_ids: list[str], path: str | Path) -> Path:
     """Write runs from ``store`` as a trace folder."""
     tables: dict[str, list[pa.Table]] = {name: [] for name in ("runs", "steps", "events",
                                                                 "attempts")}

@@ -23,6 +23,7 @@ import pandas as pd
 from goodlens.analysis.accounting import account_run
 from goodlens.analysis.checkpoints import checkpoint_table
 from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stored_findings
+from goodlens.storage.reader import RunReader
 
 
 @dataclass
@@ -54,9 +55,9 @@ class DashConfig:
 
 
 class RunData:
-    """Cached page data over a store (``goodlens.storage.store.Store``)."""
+    """Cached page data over a store's read API (:class:`goodlens.storage.reader.RunReader`)."""
 
-    def __init__(self, store: Any, config: DashConfig | None = None,
+    def __init__(self, store: RunReader, config: DashConfig | None = None,
                  max_entries: int = 64) -> None:
         self.store = store
         self.config = config or DashConfig()
@@ -240,7 +241,7 @@ class RunData:
         return self._cached(key, lambda: what_if(cal, changes, self.config.whatif_trials))
 
 
-def _goodput(store: Any, run_id: str) -> float | None:
+def _goodput(store: RunReader, run_id: str) -> float | None:
     try:
         b = account_run(store, run_id).breakdown()
     except (KeyError, ValueError):

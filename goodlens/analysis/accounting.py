@@ -35,7 +35,9 @@ segment by GPUs: active (the attempt's world size, updated by ``world_resized``)
 allocated (the largest world times GPUs per rank, plus ``spare_gpus`` from the run's tags),
 so a shrunk elastic world and idle hot spares show as lost GPU-time.
 
-Pure computation over frames from the store's read API (no SQL, no I/O).
+Pure computation over frames from the store's read API
+(:class:`goodlens.storage.reader.RunReader`; no SQL, no I/O). The report built on it
+(:func:`goodlens.analysis.report.report_dict`) is in :mod:`goodlens.analysis.report`.
 """
 
 from __future__ import annotations
@@ -45,10 +47,13 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from goodlens.model.jsonable import is_missing
+from goodlens.storage.reader import RunReader
 
 BUCKETS = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart", "other")
 RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattributed")
@@ -59,16 +64,6 @@ ACCOUNTING_KINDS = ("attempt_start", "attempt_end", "failure_detected", "preempt
                     "world_resized")
 _STEP_COLS = ["attempt", "step", "ref_start", "step_start", "duration_median",
               "compute_median", "compute_max", "compute_ranks", "ranks"]
-
-
-class RunSource(Protocol):
-    """What accounting reads: the store's read API (``goodlens.storage.store.Store``)."""
-
-    def runs(self) -> pd.DataFrame: ...
-    def run(self, run_id: str) -> dict[str, Any] | None: ...
-    def attempts(self, run_id: str) -> pd.DataFrame: ...
-    def step_summaries(self, run_id: str) -> pd.DataFrame: ...
-    def events(self, run_id: str, kinds: list[str] | None = None) -> pd.DataFrame: ...
 
 
 @dataclass
@@ -220,56 +215,12 @@ class Accounting:
         return pd.DataFrame(out)[["time", "goodput", *BUCKETS]]
 
 
-def report_dict(source: RunSource, run_id: str | None = None, since: str | float | None = None,
-                until: str | float | None = None, now: float | None = None,
-                hang_floor_s: float = 60.0) -> dict[str, Any]:
-    """The report of one run (default: the most recently started), optionally a window:
-    the run's breakdown plus one per attempt, as plain JSON-ready data (a run in progress
-    also gets its :func:`run_silence`, with the hang timeout's floor ``hang_floor_s``)."""
-    from goodlens.model.units import parse_instant
-
-    if run_id is None:
-        runs = source.runs()
-        if not len(runs):
-            raise KeyError("the store holds no runs yet")
-        run_id = str(runs.iloc[0].run_id)
-    attempts, steps = source.attempts(run_id), source.step_summaries(run_id)
-    acc = account_run(source, run_id, now=now, attempts=attempts, steps=steps)
-    lo = parse_instant(since, acc.start, acc.end) if since is not None else None
-    hi = parse_instant(until, acc.start, acc.end) if until is not None else None
-    if lo is not None and hi is not None and hi < lo:
-        raise ValueError("--until is before --since")
-    rep = acc.breakdown(lo, hi).as_dict()
-    rep["attempts"] = [b.as_dict() for b in acc.by_attempt()
-                       if lo is None and hi is None]
-    if rep["in_progress"]:
-        rep["silence"] = run_silence(attempts, steps, now, hang_floor_s)
-    return rep
-
-
-def run_silence(attempts: pd.DataFrame, steps: pd.DataFrame, now: float | None = None,
-                hang_floor_s: float = 60.0) -> dict[str, Any]:
-    """For a run in progress (its attempts and step summaries): how long its current
-    attempt has been quiet, the timeout its step rhythm gives, and whether it is past it
-    (``silent``: hung, or gone without an end event; ``goodlens end-run`` ends it)."""
-    from goodlens.detectors.hangs import HangConfig, silence
-
-    last = attempts.sort_values("attempt").iloc[-1]
-    steps = steps[steps.attempt == int(last["attempt"])] if len(steps) else steps
-    clock = time.time() if now is None else now
-    activity = _num(last.get("last_activity"), _num(last.get("start"), clock))
-    s = silence(steps.step_end.to_numpy(dtype=float) if len(steps) else np.zeros(0),
-                activity, clock, HangConfig(min_timeout_s=hang_floor_s))
-    return {"attempt": int(last["attempt"]), "last_activity": s.last_activity,
-            "silent_s": s.silent_s, "timeout_s": s.timeout_s, "silent": s.silent}
-
-
 # ---------------------------------------------------------------------------- building
-def account_run(source: RunSource, run_id: str, now: float | None = None, *,
+def account_run(source: RunReader, run_id: str, now: float | None = None, *,
                 attempts: pd.DataFrame | None = None,
                 steps: pd.DataFrame | None = None) -> Accounting:
-    """Account a stored run (``source`` is a :class:`goodlens.storage.store.Store`); ``attempts``
-    and ``steps``: the run's attempts and step summaries when the caller has read them."""
+    """Account a stored run (``source``: a store's read API); ``attempts`` and ``steps``: the
+    run's attempts and step summaries when the caller has read them."""
     info = source.run(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
@@ -283,17 +234,12 @@ def account_run(source: RunSource, run_id: str, now: float | None = None, *,
         attempts = source.attempts(run_id)
     if steps is None:
         steps = source.step_summaries(run_id)
+    world, per_rank = info.get("world_size"), info.get("gpus_per_rank")
+    spare = tags.get("spare_gpus") if isinstance(tags, dict) else 0
     return account(run_id, attempts, steps, ev,
-                   world_size=_int(info.get("world_size")),
-                   gpus_per_rank=_int(info.get("gpus_per_rank")) or 1,
-                   spare_gpus=_int(tags.get("spare_gpus") if isinstance(tags, dict) else 0) or 0,
-                   now=now)
-
-
-def _int(v: Any) -> int | None:
-    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
-        return None
-    return int(v)
+                   world_size=None if is_missing(world) else int(world),
+                   gpus_per_rank=1 if is_missing(per_rank) else int(per_rank) or 1,
+                   spare_gpus=0 if is_missing(spare) else int(spare), now=now)
 
 
 def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,
@@ -309,7 +255,7 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
     by_attempt = {a: g for a, g in steps.groupby("attempt", sort=True)}
     firsts = {a: int(g.step.min()) for a, g in by_attempt.items()}
     last_row = attempts.iloc[-1]
-    in_progress = _isnull(last_row["end"])
+    in_progress = is_missing(last_row["end"])
     if in_progress:
         clock = time.time() if now is None else now
         run_end = max(clock, _num(last_row.get("last_activity"), clock))
@@ -341,12 +287,8 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
                     start=float(attempts.iloc[0]["start"]))
 
 
-def _isnull(v: Any) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
-
-
 def _num(v: Any, default: float) -> float:
-    return default if _isnull(v) else float(v)
+    return default if is_missing(v) else float(v)
 
 
 class _Builder:
@@ -563,7 +505,7 @@ class _Builder:
             self._paint(float(gap_s[i]), float(gap_e[i]), a, gpus, layers, "other:unexplained")
         # after the last step
         last_end = float(e[-1])
-        if _isnull(reason):  # still running: the step in flight, or a hang, shows here
+        if is_missing(reason):  # still running: the step in flight, or a hang, shows here
             self._paint(last_end, end, a, gpus, layers, "other:since_last_step")
         elif reason in ("completed", "ended"):  # a clean end; a later attempt waits in queue
             self._paint(last_end, end_ev, a, gpus, layers, "other:shutdown")

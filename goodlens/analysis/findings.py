@@ -12,8 +12,8 @@ import dataclasses
 import json
 from typing import Any
 
-from goodlens.analysis.accounting import RunSource
 from goodlens.detectors.stragglers import Finding, Topology, detect_stragglers
+from goodlens.storage.reader import RunReader
 
 
 def run_tags(info: dict[str, Any] | None) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def run_tags(info: dict[str, Any] | None) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def detect_run(source: Any, run_id: str) -> list[Finding]:
+def detect_run(source: RunReader, run_id: str) -> list[Finding]:
     """Every finding the streaming detector reports over the stored run (batch pass over
     ``source.steps``; needs the store's raw step records)."""
     info = source.run(run_id)
@@ -45,7 +45,7 @@ def detect_run(source: Any, run_id: str) -> list[Finding]:
     return detect_stragglers(steps, topology=topology)
 
 
-def stored_findings(source: RunSource, run_id: str) -> list[dict[str, Any]]:
+def stored_findings(source: RunReader, run_id: str) -> list[dict[str, Any]]:
     """The findings the collector's live detector stored as ``straggler_flagged`` events,
     as dicts with :class:`~goodlens.detectors.stragglers.Finding`'s fields (in detection order)."""
     ev = source.events(run_id, kinds=["straggler_flagged"])

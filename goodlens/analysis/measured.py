@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from goodlens.analysis.accounting import RunSource, account_run
+from goodlens.analysis.accounting import account_run
+from goodlens.storage.reader import RunReader
 
 
 @dataclass
@@ -88,7 +89,7 @@ def mtbf_interval(exposure_s: float, failures: int, level: float = 0.9
         2 * exposure_s / chi2(a / 2, 2 * failures)
 
 
-def measure_run(source: RunSource, run_id: str, now: float | None = None) -> Measured:
+def measure_run(source: RunReader, run_id: str, now: float | None = None) -> Measured:
     """Measure a stored run and plan its interval (see :class:`Measured`)."""
     from goodlens.analysis.planner import interval_plan
 

@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from goodlens.analysis.accounting import BUCKETS, RunSource, account_run
+from goodlens.analysis.accounting import BUCKETS, account_run
 from goodlens.analysis.checkpoints import checkpoint_table
 from goodlens.analysis.findings import stored_findings
 from goodlens.analysis.measured import measure_run
 from goodlens.analysis.runsim.config import DAY, SimConfig
 from goodlens.analysis.runsim.montecarlo import monte_carlo
+from goodlens.model.jsonable import is_missing
+from goodlens.storage.reader import RunReader
 
 #: The policies the dashboard exposes (any SimConfig field can be changed from Python).
 WHATIF_FIELDS = ("interval_s", "ckpt_mode", "spares", "elastic", "evict_stragglers")
@@ -42,7 +44,7 @@ class Calibration:
     """Field -> ``measured: ...`` or ``assumed: ...`` (why that value)."""
 
 
-def calibrate(source: RunSource, run_id: str, now: float | None = None,
+def calibrate(source: RunReader, run_id: str, now: float | None = None,
               findings: list[dict[str, Any]] | None = None) -> Calibration:
     """Fit a :class:`SimConfig` to run ``run_id`` of ``source`` (the store's read API).
 
@@ -60,7 +62,8 @@ def calibrate(source: RunSource, run_id: str, now: float | None = None,
     prov["duration_s"] = "measured: the run's wall-clock"
 
     sums = source.step_summaries(run_id)
-    world = _int(info.get("world_size")) or (int(sums.ranks.max()) if len(sums) else 1)
+    w = info.get("world_size")
+    world = (None if is_missing(w) else int(w)) or (int(sums.ranks.max()) if len(sums) else 1)
     per_node, how = _ranks_per_node(source, run_id, world)
     kw["gpus_per_node"] = per_node
     kw["nodes"] = max(1, math.ceil(world / per_node))
@@ -159,15 +162,7 @@ def what_if(cal: Calibration, changes: dict[str, Any], trials: int = 40,
             "delta_points": 100 * (new["goodput_mean"] - base["goodput_mean"])}
 
 
-def _int(v: Any) -> int | None:
-    try:
-        return int(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) \
-            else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _ranks_per_node(source: RunSource, run_id: str, world: int) -> tuple[int, str]:
+def _ranks_per_node(source: RunReader, run_id: str, world: int) -> tuple[int, str]:
     hosts_of = getattr(source, "rank_hosts", None)
     if hosts_of is not None:
         hosts = hosts_of(run_id)

@@ -139,7 +139,7 @@ def report(db: str | None, url: str | None, token: str | None, run_id: str | Non
         q = {k: v for k, v in (("run", run_id), ("since", since), ("until", until)) if v}
         rep = get_json(url.rstrip("/") + "/v1/report?" + urllib.parse.urlencode(q), token)
     else:
-        from goodlens.analysis.accounting import report_dict
+        from goodlens.analysis.report import report_dict
         store = open_store(db)
         try:
             try:

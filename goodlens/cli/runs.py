@@ -91,7 +91,7 @@ def _report(db: str | None, url: str | None, token: str | None, run_id: str,
     if url:
         return get_json(url.rstrip("/") + "/v1/report?" + urllib.parse.urlencode(
             {"run": run_id}), token)
-    from goodlens.analysis.accounting import report_dict
+    from goodlens.analysis.report import report_dict
     return read_run(db, run_id, lambda store, run: report_dict(store, run,
                                                                  hang_floor_s=hang_floor_s))
 

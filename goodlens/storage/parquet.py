@@ -27,7 +27,8 @@ Why it works without coordination:
   and removes the sources after a grace period, so a reader that listed them a moment
   before still finds them (and a reader that still misses one retries its query).
 
-The read API is :class:`~goodlens.storage.store.Store`'s, unchanged: this class runs DuckDB in
+The read API is the DuckDB file's (:class:`~goodlens.storage.queries.SqlReader`, over the
+same schema, :mod:`goodlens.storage.schema`): this class runs DuckDB in
 memory with *views* named ``steps``, ``events`` and ``runs`` over the dataset, and keeps
 ``step_summaries`` (and ``dirty``) in memory, rebuilt from the segments it has not yet seen
 (its own and other collectors') each time it summarises. Accounting, detectors, reports and
@@ -52,7 +53,6 @@ the views when those rows' segment turns up as uncovered.
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import os
 import socket
@@ -71,39 +71,42 @@ import pyarrow.parquet as pq
 
 from goodlens.model.batch import Batch
 from goodlens.model.schema import SCHEMA_VERSION
-from goodlens.storage.store import (
-    _DATA_TABLES,
-    _DERIVED,
-    _EVENT_NAMES,
-    _NEW_EVENTS,
-    _NEW_STEPS,
-    _RUN_NAMES,
-    _STEP_NAMES,
-    SchemaMismatch,
-    Store,
+from goodlens.storage import summaries
+from goodlens.storage.marks import (
+    NEW_EVENTS,
+    NEW_STEPS,
+    Marks,
+    PendingMarks,
     WriteResult,
-    _first_time,
-    check_marks,
+    first_time,
 )
+from goodlens.storage.queries import SqlReader
+from goodlens.storage.schema import (
+    DERIVED,
+    HIVE,
+    ORDER,
+    RUN_NAMES,
+    compacted,
+    data_tables,
+    dataset_view,
+    empty_view,
+    version_mismatch,
+)
+from goodlens.storage.segments import (
+    SegmentWriter,
+    atomic_write_bytes,
+    hour_name,
+    hour_of,
+    remove_files,
+)
+from goodlens.storage.store import Store
 
-_KEYS = {"steps": ("run_id", "attempt", "rank", "step"), "events": ("run_id", "source", "seq")}
-_ORDER = {"steps": ("attempt", "step", "rank"), "events": ("time", "source", "seq")}
 _TIME = {"steps": "start_time", "events": "time"}
-_HIVE = "hive_partitioning = true, hive_types = {'run_id': VARCHAR, 'hour': VARCHAR}"
 _COVERS = b"goodlens.covers"  # a summary checkpoint's step segments (zlib, base64 JSON)
 _CKPT_VERSION = b"goodlens.schema_version"
 
 
-def hour_of(t: np.ndarray) -> np.ndarray:
-    """Hours since the epoch of epoch seconds (named ``YYYYMMDDHH`` UTC on disk)."""
-    return np.floor(np.asarray(t, dtype=float) / 3600).astype("int64")
-
-
-def _hour_name(h: int) -> str:
-    return time.strftime("%Y%m%d%H", time.gmtime(int(h) * 3600))
-
-
-class ParquetStore(Store):
+class ParquetStore(SqlReader):
     """A goodlens Parquet dataset (``--store parquet:DIR``); see the module docstring."""
 
     def __init__(self, root: str | Path, *, read_only: bool = False,
@@ -112,6 +115,7 @@ class ParquetStore(Store):
                  compact_after_s: float = 300.0, rescan_every_s: float = 2.0,
                  grace_s: float = 60.0, summary_every_s: float = 60.0,
                  use_checkpoints: bool = True, save_after_open_s: float = 10.0) -> None:
+        super().__init__(lambda: self._con.cursor(), retry_io=True)
         self.root = Path(root)
         self.path = f"parquet:{self.root}"
         self.read_only = read_only
@@ -122,30 +126,24 @@ class ParquetStore(Store):
             for sub in ("steps", "events", "runs"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
             if not marker.exists():
-                _atomic_write_bytes(marker, json.dumps(
+                atomic_write_bytes(marker, json.dumps(
                     {"format": "goodlens-parquet", "schema_version": SCHEMA_VERSION}).encode())
         found = json.loads(marker.read_text()).get("schema_version")
         if found != SCHEMA_VERSION:
-            raise SchemaMismatch(f"{self.root} has schema version {found}; this goodlens reads "
-                                 f"version {SCHEMA_VERSION}")
+            raise version_mismatch(str(self.root), found)
         config: dict[str, Any] = {}
         if memory_limit:
             config["memory_limit"] = memory_limit
         if threads:
             config["threads"] = threads
         self._con = duckdb.connect(":memory:", config=config)
-        self._local = threading.local()
-        self._con.execute(_DATA_TABLES.replace("CREATE TABLE IF NOT EXISTS ",
-                                               "CREATE TABLE _empty_"))
-        self.writer_id = writer_id or (f"{socket.gethostname()}-{os.getpid()}-"
-                                       f"{uuid.uuid4().hex[:6]}")
-        self._seq = itertools.count()
-        self._token = uuid.uuid4().hex[:8]
+        self._con.execute(data_tables(prefix="_empty_"))
+        self._segments = SegmentWriter(writer_id or (f"{socket.gethostname()}-{os.getpid()}-"
+                                                     f"{uuid.uuid4().hex[:6]}"))
         self._lock = threading.Lock()
         self._seen: set[str] = set()
         self._views: dict[str, bool] = {}
-        self._marks: dict[tuple[str, int], np.ndarray] = {}
-        self._event_marks: dict[tuple[str, str], int] = {}
+        self._marks = Marks(self._con)
         self.compact_min_files = compact_min_files
         self.grace_s = grace_s
         self._doomed: list[tuple[float, list[str]]] = []
@@ -161,7 +159,7 @@ class ParquetStore(Store):
         self._last_save = time.monotonic()
         self._save_s = 0.0  # how long the last save took
         self._define_views()
-        self._con.execute(_DERIVED)
+        self._con.execute(DERIVED)
         self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         t = time.perf_counter()
         #: how this open went: the checkpoint it started from and the steps it summarised
@@ -172,6 +170,11 @@ class ParquetStore(Store):
         if read_only and use_checkpoints and self.open_stats["seconds"] >= save_after_open_s:
             self.save_summaries(best_effort=True)  # spare the next reader the same wait
         self._known_runs = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
+
+    @property
+    def writer_id(self) -> str:
+        """This collector's name in its segment names."""
+        return self._segments.writer_id
 
     # ------------------------------------------------------------------ views
     def _define_views(self, cur: duckdb.DuckDBPyConnection | None = None) -> None:
@@ -185,22 +188,7 @@ class ParquetStore(Store):
             has = any((self.root / table).glob("**/*.parquet")) if self.root.exists() else False
             if self._views.get(table) == has:
                 continue
-            if not has:
-                cur.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _empty_{table}")
-            elif table == "runs":
-                meta = ", ".join(f"arg_max({c}, written) FILTER (WHERE {c} IS NOT NULL) AS {c}"
-                                 for c in _RUN_NAMES)
-                cur.execute(f"""CREATE OR REPLACE VIEW runs AS
-                    SELECT run_id, {meta}, min(first_seen) AS first_seen
-                    FROM read_parquet('{self._glob('runs')}', union_by_name = true)
-                    GROUP BY run_id""")
-            else:
-                names = _STEP_NAMES if table == "steps" else _EVENT_NAMES
-                keys = ", ".join(_KEYS[table])
-                cur.execute(f"""CREATE OR REPLACE VIEW {table} AS
-                    SELECT run_id, {', '.join(names)}
-                    FROM read_parquet('{self._glob(table)}', {_HIVE}, union_by_name = true)
-                    QUALIFY row_number() OVER (PARTITION BY {keys}) = 1""")
+            cur.execute(dataset_view(table, self._glob(table)) if has else empty_view(table))
             self._views[table] = has
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
@@ -219,16 +207,6 @@ class ParquetStore(Store):
         pattern = "*.parquet" if table == "runs" else "*/*/*.parquet"
         return str(self.root / table / pattern).replace("'", "''")
 
-    def _df(self, sql: str, params: list | dict | None = None) -> Any:
-        # a compaction may remove a file between a query's listing and its read: retry once
-        for attempt in (0, 1):
-            try:
-                return super()._df(sql, params)
-            except duckdb.IOException:
-                if attempt:
-                    raise
-                time.sleep(0.05)
-        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ writes
     def write_group(self, batches: list[Batch]) -> list[WriteResult]:
@@ -238,18 +216,17 @@ class ParquetStore(Store):
             raise RuntimeError("store opened read-only")
         results: list[WriteResult] = []
         pending: dict[str, list[pa.Table]] = {"steps": [], "events": [], "runs": []}
-        new_marks: dict[tuple[str, int], np.ndarray] = {}
-        new_event_marks: dict[tuple[str, str], int] = {}
+        marks = self._marks.pending()
         dirty: list[tuple[str, int, int, int]] = []
         for b in batches:
             res = WriteResult()
             if b.run or b.run_id not in self._known_runs:
                 meta = b.run or {}
                 pending["runs"].append(pa.table({
-                    "run_id": [b.run_id], **{c: [meta.get(c)] for c in _RUN_NAMES},
-                    "first_seen": [_first_time(b)], "written": [time.time()]}))
+                    "run_id": [b.run_id], **{c: [meta.get(c)] for c in RUN_NAMES},
+                    "first_seen": [first_time(b)], "written": [time.time()]}))
             if b.steps is not None and b.steps.num_rows:
-                kept = self._new_steps(b.run_id, b.steps, new_marks, pending)
+                kept = self._new_rows("steps", b.run_id, b.steps, marks, pending)
                 res.steps_inserted = kept.num_rows
                 res.steps_duplicate = b.steps.num_rows - kept.num_rows
                 if kept.num_rows:
@@ -260,7 +237,7 @@ class ParquetStore(Store):
                         sel = st[att == a]
                         dirty.append((b.run_id, int(a), int(sel.min()), int(sel.max())))
             if b.events is not None and b.events.num_rows:
-                kept = self._new_events(b.run_id, b.events, new_event_marks, pending)
+                kept = self._new_rows("events", b.run_id, b.events, marks, pending)
                 res.events_inserted = kept.num_rows
                 res.events_duplicate = b.events.num_rows - kept.num_rows
                 if kept.num_rows:
@@ -268,8 +245,7 @@ class ParquetStore(Store):
             results.append(res)
         written = self._flush(pending)
         # only now is it stored: advance marks, record dirty ranges and our own files
-        self._marks.update(new_marks)
-        self._event_marks.update(new_event_marks)
+        marks.commit()
         self._known_runs.update(b.run_id for b in batches)
         # dirty first, then seen: a checkpoint lists a segment only once its steps are dirty
         if dirty:
@@ -280,52 +256,23 @@ class ParquetStore(Store):
             self._define_views()
         return results
 
-    def _new_steps(self, run_id: str, t: pa.Table, marks: dict, pending: dict) -> pa.Table:
-        """Rows of ``t`` not stored yet: all of them when each rank's steps lie above its
-        high-water mark (the common case), else an exact anti-join against the dataset."""
-        att = t.column("attempt").to_numpy()
-        rank = t.column("rank").to_numpy()
-        step = t.column("step").to_numpy()
-        fast = True
-        for a in np.unique(att):
-            sel = att == a
-            key = (run_id, int(a))
-            m = marks.get(key)
-            if m is None:
-                m = self._marks.get(key)
-                m = (self._stored_step_marks(run_id, int(a)) if m is None else m).copy()
-            m, above, top_r, top_s = check_marks(m, rank[sel], step[sel])
-            fast = fast and above
-            m[top_r] = np.maximum(m[top_r], top_s)
-            marks[key] = m
+    def _new_rows(self, table: str, run_id: str, t: pa.Table, marks: PendingMarks,
+                  pending: dict) -> pa.Table:
+        """Rows of ``t`` (steps or events) not stored yet: all of them when each lies above
+        its high-water mark (the common case), else an exact anti-join against the dataset."""
+        if table == "steps":
+            fast, spans = marks.check_steps(run_id, t)
+            new_rows = NEW_STEPS
+            params = [run_id, min(s[1] for s in spans), max(s[2] for s in spans)]
+        else:
+            fast, new_rows, params = marks.check_events(run_id, t), NEW_EVENTS, [run_id]
         if fast:
             return t
         self._flush(pending)  # rows gathered earlier in this group must be visible
         self._define_views()
         self._con.register("_batch", t)
         try:
-            return self._con.sql(f"SELECT {_NEW_STEPS}", params=[
-                run_id, int(step.min()), int(step.max())]).to_arrow_table()
-        finally:
-            self._con.unregister("_batch")
-
-    def _new_events(self, run_id: str, t: pa.Table, marks: dict, pending: dict) -> pa.Table:
-        fast = True
-        for src, q in zip(t.column("source").to_pylist(), t.column("seq").to_pylist()):
-            key = (run_id, src)
-            if key not in marks:
-                mark = self._event_marks.get(key)
-                marks[key] = self._stored_event_mark(run_id, src) if mark is None else mark
-            if q <= marks[key]:
-                fast = False
-            marks[key] = max(marks[key], q)
-        if fast:
-            return t
-        self._flush(pending)
-        self._define_views()
-        self._con.register("_batch", t)
-        try:
-            return self._con.sql(f"SELECT {_NEW_EVENTS}", params=[run_id]).to_arrow_table()
+            return self._con.sql(f"SELECT {new_rows}", params=params).to_arrow_table()
         finally:
             self._con.unregister("_batch")
 
@@ -343,26 +290,16 @@ class ParquetStore(Store):
                 for h in np.unique(hours[runs == run_id]):
                     part = t.filter(pa.array((runs == run_id) & (hours == h)))
                     part = part.drop_columns(["run_id"]).sort_by(
-                        [(c, "ascending") for c in _ORDER[table]])
+                        [(c, "ascending") for c in ORDER[table]])
                     folder = (self.root / table / f"run_id={quote(str(run_id), safe='')}"
-                              / f"hour={_hour_name(h)}")
-                    written.append(self._write_segment(folder, part))
+                              / f"hour={hour_name(h)}")
+                    written.append(self._segments.write(folder, part))
         if pending["runs"]:
             t = pa.concat_tables(pending["runs"], promote_options="default")
             pending["runs"] = []
-            written.append(self._write_segment(self.root / "runs", t))
+            written.append(self._segments.write(self.root / "runs", t))
         return written
 
-    def _segment_name(self) -> str:
-        # the process token keeps a reused --writer-id from reaching an earlier name
-        return f"{self.writer_id}-{self._token}-{next(self._seq):08d}.parquet"
-
-    def _write_segment(self, folder: Path, t: pa.Table) -> str:
-        _makedirs_durable(folder)
-        name = self._segment_name()
-        tmp = folder / f".{name}.inprogress"
-        pq.write_table(t, tmp, compression="zstd", row_group_size=1_000_000)
-        return _publish(tmp, folder, name, self._segment_name)
 
     # ------------------------------------------------------------------ summaries
     def external_changes(self) -> bool:
@@ -389,7 +326,7 @@ class ParquetStore(Store):
             # (an old merged segment and today's: every step of the run)
             ranges = con.execute(
                 f"SELECT run_id, attempt, min(step), max(step) FROM read_parquet($files, "
-                f"{_HIVE}, filename = true) GROUP BY filename, run_id, attempt",
+                f"{HIVE}, filename = true) GROUP BY filename, run_id, attempt",
                 {"files": new}).fetchall()
         except duckdb.IOException:
             return 0  # compacted away meanwhile: the merged segment is picked up next time
@@ -405,7 +342,7 @@ class ParquetStore(Store):
         self._define_views(con)
         self._rescan(con)
         covered = self._covered()  # before the pass: each is dirty or summarised already
-        total = super().summarize_dirty(con)
+        total = summaries.summarize_dirty(con or self._con)
         self._summarised = covered
         if not self.read_only and time.monotonic() - self._last_compact > self.compact_after_s:
             self._last_compact = time.monotonic()
@@ -419,7 +356,8 @@ class ParquetStore(Store):
 
     def has_dirty(self) -> bool:
         """Whether some step ranges await summarising (or new segments a rescan would find)."""
-        return super().has_dirty() or self.external_changes()
+        return bool(self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0]) or \
+            self.external_changes()
 
     # ------------------------------------------------------------------ checkpoints
     def _covered(self) -> dict[str, set[str]]:
@@ -507,7 +445,7 @@ class ParquetStore(Store):
                     _CKPT_VERSION: str(SCHEMA_VERSION).encode(),
                     _COVERS: base64.b64encode(zlib.compress(json.dumps(names).encode()))})
                 try:
-                    path = self._write_segment(self.root / "summaries" / key, t)
+                    path = self._segments.write(self.root / "summaries" / key, t)
                 except OSError:
                     if best_effort:
                         break
@@ -555,20 +493,8 @@ class ParquetStore(Store):
                     continue
             except FileNotFoundError:
                 continue  # another collector is compacting it
-            if table == "runs":
-                meta = ", ".join(f"arg_max({c}, written) FILTER (WHERE {c} IS NOT NULL) AS {c}"
-                                 for c in _RUN_NAMES)
-                query = (f"SELECT run_id, {meta}, min(first_seen) AS first_seen, "
-                         f"max(written) AS written FROM read_parquet($files, union_by_name = "
-                         f"true, hive_partitioning = false) GROUP BY run_id ORDER BY run_id")
-            else:
-                keys = [k for k in _KEYS[table] if k != "run_id"]
-                names = _STEP_NAMES if table == "steps" else _EVENT_NAMES
-                query = (f"SELECT {', '.join(names)} FROM read_parquet($files, union_by_name "
-                         f"= true, hive_partitioning = false) QUALIFY row_number() OVER "
-                         f"(PARTITION BY {', '.join(keys)}) = 1 ORDER BY "
-                         f"{', '.join(_ORDER[table])}")
-            name = self._segment_name()
+            query = compacted(table)
+            name = self._segments.name()
             tmp = folder / f".{name}.inprogress"
             cur = (con or self._con).cursor()
             try:
@@ -580,7 +506,7 @@ class ParquetStore(Store):
                 continue  # a source vanished (another collector compacted it): next time
             finally:
                 cur.close()
-            final = _publish(tmp, folder, name, self._segment_name)
+            final = self._segments.publish(tmp, folder, name)
             with self._lock:
                 # merged from segments all seen (their steps dirty or summarised already):
                 # seen too, no need to summarise the hour again. Otherwise it is left
@@ -598,10 +524,7 @@ class ParquetStore(Store):
             due = [d for d in self._doomed if everything or now - d[0] >= self.grace_s]
             self._doomed = [d for d in self._doomed if d not in due]
         for _, paths in due:
-            for f in paths:
-                Path(f).unlink(missing_ok=True)
-            if paths:
-                _fsync(Path(paths[0]).parent)
+            remove_files(paths)
 
     def close(self) -> None:
         """Every acknowledged segment is already in place; a writable store summarises what
@@ -619,56 +542,8 @@ def _with_run(t: pa.Table, run_id: str) -> pa.Table:
     return t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
 
 
-def _makedirs_durable(folder: Path) -> None:
-    """Create ``folder`` and its missing parents, fsyncing each parent whose entry was
-    created, so a segment acknowledged in a new partition survives a power loss."""
-    missing = []
-    p = folder
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except FileExistsError:
-            continue  # another collector made it: it fsyncs the parent
-        _fsync(d.parent)
 
-
-def _publish(tmp: Path, folder: Path, name: str, next_name: Any) -> str:
-    """Make the finished ``tmp`` visible as ``folder/name`` without ever replacing an
-    existing segment (a hard link fails when the name is taken: take the next one), then
-    fsync the folder. Returns the final path."""
-    _fsync(tmp)
-    while True:
-        final = folder / name
-        try:
-            os.link(tmp, final)
-            break
-        except FileExistsError:
-            name = next_name()
-    tmp.unlink()
-    _fsync(folder)
-    return str(final)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.inprogress")
-    tmp.write_bytes(data)
-    _fsync(tmp)
-    os.replace(tmp, path)
-    _fsync(path.parent)
-
-
-def open_store(spec: str | Path, *, read_only: bool = False, **kw: Any) -> Store:
+def open_store(spec: str | Path, *, read_only: bool = False, **kw: Any) -> Store | ParquetStore:
     """A store from ``--db``/``--store``: ``parquet:DIR`` for a Parquet dataset, else a
     DuckDB file path (``duckdb:PATH`` also accepted)."""
     text = str(spec)

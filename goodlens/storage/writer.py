@@ -4,7 +4,8 @@ DuckDB serialises writers anyway; funnelling every write through one thread lets
 many HTTP pushes in one transaction (group commit) and acknowledge each push only after its
 transaction committed, which is what makes "acknowledged means stored" true. The queue is
 bounded in rows, so a collector that cannot keep up answers 503 (the exporter backs off and
-spills) instead of growing without limit. No SQL here: the thread calls :class:`Store`.
+spills) instead of growing without limit. No SQL here: the thread calls the store (a
+:class:`~goodlens.storage.store.Store` or a :class:`~goodlens.storage.parquet.ParquetStore`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from goodlens.model.batch import Batch
-from goodlens.storage.store import Store, WriteResult
+from goodlens.storage.marks import WriteResult
+from goodlens.storage.parquet import ParquetStore
+from goodlens.storage.store import Store
 
 log = logging.getLogger("goodlens.writer")
 
@@ -63,7 +66,7 @@ _STOP = object()
 class Writer:
     """Owns the store's write side. ``submit`` from any thread; one thread writes."""
 
-    def __init__(self, store: Store, *, max_queue_rows: int = 4_000_000,
+    def __init__(self, store: Store | ParquetStore, *, max_queue_rows: int = 4_000_000,
                  max_group_rows: int = 500_000, summarize_interval_s: float = 1.0) -> None:
         self.store = store
         self.max_queue_rows = max_queue_rows
@@ -199,7 +202,7 @@ class _Summarizer:
     """Re-summarises dirty step ranges on its own thread and DuckDB cursor, so the writer
     keeps inserting meanwhile (DuckDB's MVCC: it deletes only the dirty rows it read)."""
 
-    def __init__(self, store: Store, stats: WriterStats, interval_s: float) -> None:
+    def __init__(self, store: Store | ParquetStore, stats: WriterStats, interval_s: float) -> None:
         self.store = store
         self.stats = stats
         self.interval_s = interval_s

@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from goodlens.analysis.accounting import report_dict
+from goodlens.analysis.report import report_dict
 from goodlens.collector.replay import import_trace, trace_batches
 from goodlens.model.trace import read_trace
 from goodlens.model.wire import ARROW as CONTENT_TYPE

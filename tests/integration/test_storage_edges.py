@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from collector import store_parquet
 from goodlens.model.batch import BatchError, validate_batch
+from goodlens.storage import segments as store_parquet
 from goodlens.storage.parquet import ParquetStore
 from tests.harness import ROOT, http, step_batch
 

@@ -171,7 +171,6 @@ def test_read_only_open_while_a_writer_holds_the_file_is_refused_clearly(tmp_pat
     Store(path).close()
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parents[1])!r})
         from goodlens.storage.store import Store
         s = Store({str(path)!r}); print('held', flush=True); time.sleep(60)""")],
         stdout=subprocess.PIPE, text=True)
@@ -196,7 +195,7 @@ def test_schema_version_mismatch_is_refused(tmp_path):
 
 
 def test_long_dirty_ranges_are_summarised_in_chunks(store, monkeypatch):
-    import goodlens.storage.store as mod
+    import goodlens.storage.summaries as mod
     monkeypatch.setattr(mod, "SUMMARY_CHUNK_ROWS", 7)  # 3 ranks: 2 steps per statement
     store.write_group([batch("r", r, list(range(11))) for r in range(3)])
     assert store.summarize_dirty() == 11

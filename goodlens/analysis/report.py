@@ -1,0 +1,66 @@
+"""The report of a run: its accounting as plain JSON-ready data, and how quiet it has gone.
+
+Why a module of its own: :mod:`goodlens.analysis.accounting` builds the partition of a run's
+wall-clock; this is what every reader of a report shares on top of it (the HTTP API, the
+CLI's ``report``, ``end-run`` and the dashboard): pick the run, read its attempts and step
+summaries once, apply a window, and add the silence of a run in progress. Pure computation
+over the store's read API (:class:`goodlens.storage.reader.RunReader`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from goodlens.analysis.accounting import account_run
+from goodlens.model.jsonable import is_missing
+from goodlens.storage.reader import RunReader
+
+
+def report_dict(source: RunReader, run_id: str | None = None, since: str | float | None = None,
+                until: str | float | None = None, now: float | None = None,
+                hang_floor_s: float = 60.0) -> dict[str, Any]:
+    """The report of one run (default: the most recently started), optionally a window:
+    the run's breakdown plus one per attempt, as plain JSON-ready data (a run in progress
+    also gets its :func:`run_silence`, with the hang timeout's floor ``hang_floor_s``)."""
+    from goodlens.model.units import parse_instant
+
+    if run_id is None:
+        runs = source.runs()
+        if not len(runs):
+            raise KeyError("the store holds no runs yet")
+        run_id = str(runs.iloc[0].run_id)
+    attempts, steps = source.attempts(run_id), source.step_summaries(run_id)
+    acc = account_run(source, run_id, now=now, attempts=attempts, steps=steps)
+    lo = parse_instant(since, acc.start, acc.end) if since is not None else None
+    hi = parse_instant(until, acc.start, acc.end) if until is not None else None
+    if lo is not None and hi is not None and hi < lo:
+        raise ValueError("--until is before --since")
+    rep = acc.breakdown(lo, hi).as_dict()
+    rep["attempts"] = [b.as_dict() for b in acc.by_attempt()
+                       if lo is None and hi is None]
+    if rep["in_progress"]:
+        rep["silence"] = run_silence(attempts, steps, now, hang_floor_s)
+    return rep
+
+
+def run_silence(attempts: pd.DataFrame, steps: pd.DataFrame, now: float | None = None,
+                hang_floor_s: float = 60.0) -> dict[str, Any]:
+    """For a run in progress (its attempts and step summaries): how long its current
+    attempt has been quiet, the timeout its step rhythm gives, and whether it is past it
+    (``silent``: hung, or gone without an end event; ``goodlens end-run`` ends it)."""
+    from goodlens.detectors.hangs import HangConfig, silence
+
+    last = attempts.sort_values("attempt").iloc[-1]
+    steps = steps[steps.attempt == int(last["attempt"])] if len(steps) else steps
+    clock = time.time() if now is None else now
+    start, activity = last.get("start"), last.get("last_activity")
+    if is_missing(activity):
+        activity = clock if is_missing(start) else start
+    s = silence(steps.step_end.to_numpy(dtype=float) if len(steps) else np.zeros(0),
+                float(activity), clock, HangConfig(min_timeout_s=hang_floor_s))
+    return {"attempt": int(last["attempt"]), "last_activity": s.last_activity,
+            "silent_s": s.silent_s, "timeout_s": s.timeout_s, "silent": s.silent}

@@ -1,0 +1,214 @@
+"""The read API as SQL over DuckDB: the queries both stores answer reads with.
+
+Why a module of its own: the DuckDB file and the Parquet dataset hold the same tables (the
+dataset as views over its files, see :mod:`goodlens.storage.schema`), so every read
+(:class:`goodlens.storage.reader.RunReader`) is the same query over either. A store is a
+:class:`SqlReader` given a way to open a cursor; values are always bound as parameters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+
+class SqlReader:
+    """The read API (:class:`~goodlens.storage.reader.RunReader`) over cursors from
+    ``new_cursor``, one per reading thread. ``retry_io``: retry a query once that fails to
+    read a file (a Parquet dataset whose compaction removed it between listing and read)."""
+
+    def __init__(self, new_cursor: Callable[[], duckdb.DuckDBPyConnection], *,
+                 retry_io: bool = False) -> None:
+        self._open_cursor = new_cursor
+        self._retry_io = retry_io
+        self._local = threading.local()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new cursor on the store for a thread of its own (the summariser's)."""
+        return self._open_cursor()
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        """The calling thread's cursor (a DuckDB connection is not shared between threads)."""
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = self._open_cursor()
+        return cur
+
+    def _df(self, sql: str, params: list | dict | None = None) -> pd.DataFrame:
+        for attempt in (0, 1):
+            try:
+                return self._cursor().execute(sql, params or []).df()
+            except duckdb.IOException:
+                if attempt or not self._retry_io:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    def runs(self) -> pd.DataFrame:
+        """One row per run: metadata, attempts, steps summarised, first and last time, state."""
+        return self._runs()
+
+    def _runs(self, run_id: str | None = None) -> pd.DataFrame:
+        only = "WHERE run_id = $run" if run_id is not None else ""
+        return self._df(f"""
+            WITH a AS (SELECT run_id, count(*) AS attempts, min(start) AS start,
+                         max(coalesce("end", last_activity)) AS last_time,
+                         arg_max_null(end_reason, attempt) AS last_reason
+                       FROM attempts {only} GROUP BY run_id),
+                 s AS (SELECT run_id, count(*) AS steps, max(step) AS last_step
+                       FROM step_summaries {only} GROUP BY run_id)
+            SELECT r.run_id, r.name, r.world_size, r.gpus_per_rank, r.global_batch,
+              r.model_params, r.tags, coalesce(a.attempts, 0) AS attempts,
+              coalesce(s.steps, 0) AS steps, s.last_step,
+              coalesce(a.start, r.first_seen) AS start, a.last_time,
+              CASE WHEN a.last_reason = 'completed' THEN 'completed'
+                   WHEN a.last_reason IS NULL THEN 'running' ELSE a.last_reason END AS state
+            FROM (SELECT * FROM runs {only}) r LEFT JOIN a USING (run_id)
+              LEFT JOIN s USING (run_id)
+            ORDER BY start DESC NULLS LAST, r.run_id""",
+            {"run": run_id} if run_id is not None else None)
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        """One run's metadata and overview row, or None when unknown."""
+        rows = self._runs(run_id).to_dict("records")
+        return rows[0] if rows else None
+
+    def attempts(self, run_id: str) -> pd.DataFrame:
+        """The run's attempts: number, start, end (null while running), end_reason."""
+        return self._df('SELECT attempt, start, "end", end_reason, last_activity FROM attempts '
+                        "WHERE run_id = ? ORDER BY attempt", [run_id])
+
+    def step_summaries(self, run_id: str, attempt: int | None = None,
+                       since: float | None = None, until: float | None = None) -> pd.DataFrame:
+        """Per-step summaries of a run, ordered by attempt and step; optionally one attempt
+        and the steps that end after ``since`` and start before ``until`` (epoch seconds)."""
+        where, params = _where({"run_id = ?": run_id, "attempt = ?": attempt,
+                                "step_end >= ?": since, "step_start <= ?": until})
+        return self._df(f"SELECT * FROM step_summaries WHERE {where} ORDER BY attempt, step",
+                        params)
+
+    def events(self, run_id: str, kinds: list[str] | None = None, since: float | None = None,
+               until: float | None = None, attempt: int | None = None) -> pd.DataFrame:
+        """The run's events ordered by time, optionally of some kinds and in a window."""
+        where, params = _where({"run_id = ?": run_id, "time >= ?": since, "time <= ?": until,
+                                "attempt = ?": attempt})
+        if kinds:
+            where += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            params += list(kinds)
+        return self._df(f"SELECT * EXCLUDE (run_id) FROM events WHERE {where} "
+                        "ORDER BY time, source, seq", params)
+
+    def steps(self, run_id: str, attempt: int | None = None, step_min: int | None = None,
+              step_max: int | None = None, ranks: list[int] | None = None) -> pd.DataFrame:
+        """Raw per-rank step records (for heatmaps and detectors); filter as narrowly as you can."""
+        where, params = _where({"run_id = ?": run_id, "attempt = ?": attempt,
+                                "step >= ?": step_min, "step <= ?": step_max})
+        if ranks:
+            where += f" AND rank IN ({', '.join('?' * len(ranks))})"
+            params += [int(r) for r in ranks]
+        return self._df(f"SELECT * EXCLUDE (run_id) FROM steps WHERE {where} "
+                        "ORDER BY attempt, step, rank", params)
+
+    def step_range(self, run_id: str, attempt: int) -> tuple[int, int, int] | None:
+        """``(first step, last step, ranks)`` of one attempt's summaries, None when empty."""
+        row = self._cursor().execute(
+            "SELECT min(step), max(step), max(ranks) FROM step_summaries "
+            "WHERE run_id = ? AND attempt = ?", [run_id, attempt]).fetchone()
+        return None if row is None or row[0] is None else (int(row[0]), int(row[1]),
+                                                           int(row[2] or 0))
+
+    def heatmap(self, run_id: str, attempt: int, step_min: int, step_max: int,
+                rank_bins: int, step_bins: int) -> pd.DataFrame:
+        """Per-rank compute pooled into a ``rank_bins`` x ``step_bins`` grid (for the
+        dashboard's heatmap of 16k ranks): per cell the mean and the max of each rank's
+        compute (its step time where no split was reported), the slowest rank and the cell's
+        rank and step span. Max-pooling keeps a single slow rank visible in a bin of many."""
+        n_ranks = self._cursor().execute(
+            "SELECT max(rank) + 1 FROM steps WHERE run_id = ? AND attempt = ? AND step = ?",
+            [run_id, attempt, step_min]).fetchone()[0] or 1
+        span = max(step_max - step_min + 1, 1)
+        return self._df("""
+            SELECT rank * $rb // $nr AS rbin, (step - $s0) * $sb // $span AS sbin,
+              avg(v) AS mean, max(v) AS max, arg_max(rank, v) AS worst_rank,
+              min(rank) AS rank_lo, max(rank) AS rank_hi, min(step) AS step_lo,
+              max(step) AS step_hi
+            FROM (SELECT rank, step, coalesce(compute_s, duration_s) AS v FROM steps
+                  WHERE run_id = $run AND attempt = $att AND step BETWEEN $s0 AND $s1)
+            GROUP BY ALL ORDER BY sbin, rbin""",
+            {"rb": rank_bins, "nr": max(int(n_ranks), 1), "s0": step_min, "s1": step_max,
+             "sb": step_bins, "span": span, "run": run_id, "att": attempt})
+
+    def host_compute(self, run_id: str, attempt: int, step_min: int, step_max: int
+                     ) -> pd.DataFrame:
+        """Per host over a step window: ranks, mean compute (step time where no split was
+        reported) and its slowest rank's mean (the host roll-up of the ranks view)."""
+        return self._df("""
+            WITH r AS (SELECT host, rank, avg(coalesce(compute_s, duration_s)) AS v FROM steps
+                       WHERE run_id = ? AND attempt = ? AND step BETWEEN ? AND ?
+                         AND host IS NOT NULL GROUP BY host, rank)
+            SELECT host, count(*) AS ranks, avg(v) AS mean, max(v) AS worst_rank_mean,
+              arg_max(rank, v) AS worst_rank, min(rank) AS first_rank
+            FROM r GROUP BY host ORDER BY first_rank""", [run_id, attempt, step_min, step_max])
+
+    def rank_hosts(self, run_id: str, attempt: int | None = None) -> pd.DataFrame:
+        """``rank, host`` as the ranks reported them at the first step of an attempt
+        (default: the latest); empty when the run has no step records."""
+        if attempt is None:
+            row = self._cursor().execute("SELECT max(attempt) FROM step_summaries "
+                                         "WHERE run_id = ?", [run_id]).fetchone()
+            if row is None or row[0] is None:
+                return pd.DataFrame({"rank": [], "host": []})
+            attempt = int(row[0])
+        return self._df("""
+            SELECT rank, any_value(host) AS host FROM steps
+            WHERE run_id = ? AND attempt = ? AND step = (
+              SELECT min(step) FROM step_summaries WHERE run_id = ? AND attempt = ?)
+            GROUP BY rank ORDER BY rank""", [run_id, attempt, run_id, attempt])
+
+    def run_metrics(self, window_steps: int = 100) -> pd.DataFrame:
+        """Per run, for /metrics: steps summarised, last step, ranks reporting the last step,
+        and step-time quantiles (slowest rank's duration) over the latest ``window_steps``."""
+        return self._df("""
+            WITH latest AS (SELECT run_id, max(attempt) AS attempt FROM step_summaries
+                            GROUP BY run_id),
+                 top AS (SELECT s.run_id, s.attempt, max(s.step) AS last_step
+                         FROM step_summaries s JOIN latest USING (run_id, attempt)
+                         GROUP BY ALL),
+                 recent AS (SELECT s.* FROM step_summaries s JOIN top USING (run_id, attempt)
+                            WHERE s.step > top.last_step - ?),
+                 totals AS (SELECT run_id, count(*) AS steps FROM step_summaries GROUP BY run_id)
+            SELECT run_id, totals.steps, max(step) AS last_step, max(attempt) AS attempt,
+              arg_max(ranks, step) AS ranks_reporting,
+              quantile_cont(duration_max, 0.5) AS step_p50,
+              quantile_cont(duration_max, 0.9) AS step_p90,
+              quantile_cont(duration_max, 0.99) AS step_p99
+            FROM recent JOIN totals USING (run_id) GROUP BY run_id, totals.steps
+            ORDER BY run_id""", [window_steps])
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows stored per table (steps, events, runs, step_summaries)."""
+        cur = self._cursor()
+        return {t: cur.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+                for t in ("runs", "steps", "events", "step_summaries")}
+
+    def table(self, name: str, run_id: str) -> pa.Table:
+        """A whole table for one run as Arrow (trace export): runs, steps, events, attempts,
+        step_summaries."""
+        if name not in ("runs", "steps", "events", "attempts", "step_summaries"):
+            raise ValueError(f"unknown table {name}")
+        rel = self._cursor().sql(f"SELECT * FROM {name} WHERE run_id = $1", params=[run_id])
+        # duckdb >= 1.4 names it to_arrow_table(); older releases call it arrow()
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+def _where(conds: dict[str, Any]) -> tuple[str, list]:
+    """``(where, params)`` from ``{"col op ?": value}``, skipping None values."""
+    kept = [(c, v) for c, v in conds.items() if v is not None]
+    return " AND ".join(c for c, _ in kept) or "TRUE", [v for _, v in kept]
+

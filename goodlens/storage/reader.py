@@ -1,0 +1,54 @@
+"""The typed read interface: what analysis, detectors, ``/metrics`` and the dashboard read.
+
+Why it exists: those layers compute over frames and must not depend on which store holds
+the rows (a DuckDB file, a Parquet dataset, a test double), nor import DuckDB. They annotate
+their ``source``/``store`` parameters with :class:`RunReader`; both
+:class:`goodlens.storage.store.Store` and :class:`goodlens.storage.parquet.ParquetStore`
+implement it (through :class:`goodlens.storage.queries.SqlReader`). This module imports no
+database driver, so depending on it keeps a layer free of SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pandas as pd
+import pyarrow as pa
+
+
+class RunReader(Protocol):
+    """The read API of a goodlens store (documented on
+    :class:`goodlens.storage.queries.SqlReader`, which implements it over DuckDB)."""
+
+    def runs(self) -> pd.DataFrame: ...
+
+    def run(self, run_id: str) -> dict[str, Any] | None: ...
+
+    def attempts(self, run_id: str) -> pd.DataFrame: ...
+
+    def step_summaries(self, run_id: str, attempt: int | None = None,
+                       since: float | None = None, until: float | None = None
+                       ) -> pd.DataFrame: ...
+
+    def events(self, run_id: str, kinds: list[str] | None = None, since: float | None = None,
+               until: float | None = None, attempt: int | None = None) -> pd.DataFrame: ...
+
+    def steps(self, run_id: str, attempt: int | None = None, step_min: int | None = None,
+              step_max: int | None = None, ranks: list[int] | None = None
+              ) -> pd.DataFrame: ...
+
+    def step_range(self, run_id: str, attempt: int) -> tuple[int, int, int] | None: ...
+
+    def heatmap(self, run_id: str, attempt: int, step_min: int, step_max: int,
+                rank_bins: int, step_bins: int) -> pd.DataFrame: ...
+
+    def host_compute(self, run_id: str, attempt: int, step_min: int, step_max: int
+                     ) -> pd.DataFrame: ...
+
+    def rank_hosts(self, run_id: str, attempt: int | None = None) -> pd.DataFrame: ...
+
+    def run_metrics(self, window_steps: int = 100) -> pd.DataFrame: ...
+
+    def row_counts(self) -> dict[str, int]: ...
+
+    def table(self, name: str, run_id: str) -> pa.Table: ...

@@ -1,0 +1,195 @@
+"""The storage schema: every CREATE TABLE and CREATE VIEW both stores run, in one place.
+
+Why a module of its own: the DuckDB file (:mod:`goodlens.storage.store`) and the Parquet
+dataset (:mod:`goodlens.storage.parquet`) hold the same tables, so their DDL is built here
+once, from the column specifications of :mod:`goodlens.model.schema` (a field added there
+reaches both stores), plus what storage derives itself: the step summaries (their columns and
+the aggregate that fills each one, side by side), the dirty step ranges and the attempts
+view. The Parquet dataset's views and compaction queries are here too, since they define what
+its files *mean* as tables (later run metadata wins, a key counts once).
+"""
+
+from __future__ import annotations
+
+from goodlens.model.schema import (
+    EVENT_COLUMNS,
+    EVENT_KEY,
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    STEP_KEY,
+    Column,
+)
+
+SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}
+STEP_NAMES = [c.name for c in STEP_COLUMNS]
+EVENT_NAMES = [c.name for c in EVENT_COLUMNS]
+RUN_NAMES = [c.name for c in RUN_COLUMNS]
+#: The row tables' columns after ``run_id``, and each one's key and sort order on disk.
+COLUMNS = {"steps": STEP_NAMES, "events": EVENT_NAMES}
+KEYS = {"steps": STEP_KEY, "events": EVENT_KEY}
+ORDER = {"steps": ("attempt", "step", "rank"), "events": ("time", "source", "seq")}
+_TERMINAL = "('attempt_end', 'failure_detected', 'preempted')"
+
+
+class SchemaMismatch(RuntimeError):
+    """The file was written by a goodlens with another schema version."""
+
+
+def version_mismatch(where: str, found: object, hint: str = "") -> SchemaMismatch:
+    """The error for a store at ``where`` whose schema version is ``found``."""
+    return SchemaMismatch(f"{where} has schema version {found}; this goodlens reads "
+                          f"version {SCHEMA_VERSION}{hint}")
+
+
+def _columns(columns: tuple[Column, ...]) -> str:
+    return ",\n  ".join(f"{c.name} {SQL_TYPES[c.kind]}" for c in columns)
+
+
+def data_tables(prefix: str = "") -> str:
+    """The tables rows are written to: ``runs``, ``steps``, ``events`` (a Parquet store
+    creates them empty as ``_empty_<table>``, what its views show before any file exists)."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {prefix}runs (
+  run_id VARCHAR PRIMARY KEY,
+  {_columns(RUN_COLUMNS)},
+  first_seen DOUBLE
+);
+CREATE TABLE IF NOT EXISTS {prefix}steps (
+  run_id VARCHAR,
+  {_columns(STEP_COLUMNS)}
+);
+CREATE TABLE IF NOT EXISTS {prefix}events (
+  run_id VARCHAR,
+  {_columns(EVENT_COLUMNS)}
+);
+"""
+
+
+#: The step summaries: per column its type, the aggregate over a step's rank rows that fills
+#: it, and what it means.
+SUMMARY_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
+    ("run_id", "VARCHAR", "run_id", ""),
+    ("attempt", "BIGINT", "attempt", ""),
+    ("step", "BIGINT", "step", ""),
+    ("ranks", "BIGINT", "count(*)", "ranks that reported the step"),
+    ("step_start", "DOUBLE", "min(start_time)", "earliest rank start (epoch s)"),
+    ("step_end", "DOUBLE", "max(start_time + duration_s)", "latest rank end (epoch s)"),
+    ("ref_start", "DOUBLE", "arg_min(start_time, rank)",
+     "start on the lowest reporting rank's clock (reference clock)"),
+    ("duration_median", "DOUBLE", "median(duration_s)", ""),
+    ("duration_max", "DOUBLE", "max(duration_s)", ""),
+    ("compute_median", "DOUBLE", "median(compute_s)", ""),
+    ("compute_max", "DOUBLE", "max(compute_s)", ""),
+    ("compute_ranks", "BIGINT", "count(compute_s)",
+     "ranks that reported a compute time (0: split not measured)"),
+    ("slowest_rank", "BIGINT", "arg_max(rank, coalesce(compute_s, duration_s))",
+     "rank with the longest compute (or duration if unmeasured)"),
+    ("slowest_host", "VARCHAR", "arg_max(host, coalesce(compute_s, duration_s))", ""),
+    ("collective_wait_median", "DOUBLE", "median(collective_wait_s)", ""),
+    ("data_wait_median", "DOUBLE", "median(data_wait_s)", ""),
+    ("tokens", "BIGINT", "sum(tokens)", ""),
+    ("samples", "BIGINT", "sum(samples)", ""),
+)
+
+#: The summaries of one step range. Parameters: run id, attempt, first and last step.
+SUMMARY_SELECT = f"""
+SELECT {', '.join(expr for _, _, expr, _ in SUMMARY_COLUMNS)}
+FROM steps WHERE run_id = ? AND attempt = ? AND step BETWEEN ? AND ?
+GROUP BY run_id, attempt, step
+"""
+
+_ATTEMPTS_VIEW = f"""
+CREATE OR REPLACE VIEW attempts AS
+WITH s AS (
+  SELECT run_id, attempt, min(step_start) AS first_step, max(step_end) AS last_step_end
+  FROM step_summaries GROUP BY run_id, attempt),
+e AS (
+  SELECT run_id, attempt,
+    min(time) FILTER (WHERE kind = 'attempt_start') AS start_ev,
+    min(time) FILTER (WHERE kind <> 'heartbeat') AS first_ev,
+    max(time) AS last_ev,
+    min(time) FILTER (WHERE kind IN {_TERMINAL}) AS end_ev,
+    arg_min(CASE kind WHEN 'attempt_end' THEN coalesce(cause, 'ended')
+                      WHEN 'failure_detected' THEN 'failed' ELSE 'preempted' END, time)
+      FILTER (WHERE kind IN {_TERMINAL}) AS end_reason
+  FROM events GROUP BY run_id, attempt),
+a AS (
+  SELECT coalesce(s.run_id, e.run_id) AS run_id, coalesce(s.attempt, e.attempt) AS attempt,
+    coalesce(e.start_ev, least(s.first_step, e.first_ev), s.first_step, e.last_ev) AS start,
+    e.end_ev, e.end_reason,
+    greatest(s.last_step_end, e.last_ev) AS last_activity
+  FROM s FULL OUTER JOIN e ON s.run_id = e.run_id AND s.attempt = e.attempt)
+SELECT run_id, attempt, start,
+  CASE WHEN end_ev IS NOT NULL THEN end_ev
+       WHEN lead(attempt) OVER w IS NOT NULL THEN last_activity END AS "end",
+  CASE WHEN end_ev IS NOT NULL THEN end_reason
+       WHEN lead(attempt) OVER w IS NOT NULL THEN 'unknown' END AS end_reason,
+  last_activity
+FROM a WINDOW w AS (PARTITION BY run_id ORDER BY attempt);
+"""
+
+
+def _summary_ddl() -> str:
+    last = len(SUMMARY_COLUMNS) - 1
+    cols = "\n  ".join(f"{name} {kind}{',' if i < last else ''}" + (f"  -- {doc}" if doc else "")
+                       for i, (name, kind, _, doc) in enumerate(SUMMARY_COLUMNS))
+    return f"CREATE TABLE IF NOT EXISTS step_summaries (\n  {cols}\n);"
+
+
+#: What every store keeps next to its rows: its schema version, the step ranges awaiting
+#: summaries and the summaries themselves, and the attempts view over events and summaries.
+DERIVED = f"""
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS dirty (run_id VARCHAR, attempt BIGINT, lo BIGINT, hi BIGINT);
+{_summary_ddl()}
+{_ATTEMPTS_VIEW}"""
+
+
+def upsert_run() -> str:
+    """Insert or update one run's metadata row: the values given win, nulls keep the stored
+    ones. Parameters: run id, :data:`RUN_NAMES` in order, the first time seen."""
+    cols = ", ".join(RUN_NAMES)
+    updates = ", ".join(f"{c} = coalesce(excluded.{c}, runs.{c})" for c in RUN_NAMES)
+    return (f"INSERT INTO runs (run_id, {cols}, first_seen) VALUES (?, "
+            f"{', '.join('?' * len(RUN_NAMES))}, ?) ON CONFLICT (run_id) DO UPDATE SET "
+            f"{updates}, first_seen = least(runs.first_seen, excluded.first_seen)")
+
+
+# ---------------------------------------------------------------- the Parquet dataset
+#: Options of ``read_parquet`` over a table's hive partitions.
+HIVE = "hive_partitioning = true, hive_types = {'run_id': VARCHAR, 'hour': VARCHAR}"
+_LATEST_META = ", ".join(f"arg_max({c}, written) FILTER (WHERE {c} IS NOT NULL) AS {c}"
+                         for c in RUN_NAMES)
+
+
+def empty_view(table: str) -> str:
+    """``table`` as a view of its empty stand-in (a dataset with no files for it yet)."""
+    return f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _empty_{table}"
+
+
+def dataset_view(table: str, glob: str) -> str:
+    """``table`` as a view over the dataset's files matching ``glob`` (a quoted SQL string
+    literal's content): run metadata rows merged per run, the latest value of each column
+    winning; step and event rows counted once per key."""
+    if table == "runs":
+        return f"""CREATE OR REPLACE VIEW runs AS
+            SELECT run_id, {_LATEST_META}, min(first_seen) AS first_seen
+            FROM read_parquet('{glob}', union_by_name = true)
+            GROUP BY run_id"""
+    return f"""CREATE OR REPLACE VIEW {table} AS
+        SELECT run_id, {', '.join(COLUMNS[table])}
+        FROM read_parquet('{glob}', {HIVE}, union_by_name = true)
+        QUALIFY row_number() OVER (PARTITION BY {', '.join(KEYS[table])}) = 1"""
+
+
+def compacted(table: str) -> str:
+    """The rows of the segments ``$files`` (one partition of ``table``, or the run metadata
+    files) merged into one segment's content, with the views' rules."""
+    source = "read_parquet($files, union_by_name = true, hive_partitioning = false)"
+    if table == "runs":
+        return (f"SELECT run_id, {_LATEST_META}, min(first_seen) AS first_seen, "
+                f"max(written) AS written FROM {source} GROUP BY run_id ORDER BY run_id")
+    keys = [k for k in KEYS[table] if k != "run_id"]
+    return (f"SELECT {', '.join(COLUMNS[table])} FROM {source} QUALIFY row_number() OVER "
+            f"(PARTITION BY {', '.join(keys)}) = 1 ORDER BY {', '.join(ORDER[table])}")

@@ -1,0 +1,76 @@
+"""Per-step summaries, recomputed from the raw step rows of dirty step ranges.
+
+Why a module of its own: both stores keep ``step_summaries`` (ranks reporting, median and
+max compute, slowest rank, step end, ...) up to date the same way. Each write records the
+step range it touched in ``dirty`` (in the same transaction, or right after a Parquet
+segment is in place), and :func:`summarize_dirty` recomputes those ranges, over a DuckDB
+file's tables or a dataset's views alike. A crash between the two loses nothing: the dirty
+ranges are durable (or re-found by the dataset's rescan) and are summarised after restart.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from goodlens.storage.schema import SUMMARY_SELECT
+
+#: Raw rows summarised per statement (bounds the memory the medians need).
+SUMMARY_CHUNK_ROWS = 4_000_000
+
+
+def summarize_dirty(con: duckdb.DuckDBPyConnection) -> int:
+    """Recompute the summaries of every dirty step range on ``con`` (in one transaction) and
+    clear ``dirty``; returns the steps summarised."""
+    total = 0
+    # one snapshot for everything: the dirty rows read are exactly the ones deleted, and
+    # rows the writer commits meanwhile stay dirty for the next pass
+    con.execute("BEGIN TRANSACTION")
+    try:
+        rows = con.execute("SELECT run_id, attempt, lo, hi FROM dirty "
+                           "ORDER BY run_id, attempt, lo").fetchall()
+        for run_id, attempt, lo, hi in merge_ranges(rows):
+            total += _summarize_range(con, run_id, attempt, lo, hi)
+        con.execute("DELETE FROM dirty")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return int(total)
+
+
+def _summarize_range(con: duckdb.DuckDBPyConnection, run_id: str, attempt: int, lo: int,
+                     hi: int) -> int:
+    # summarise the steps that exist (a stray step number must not make us walk a huge
+    # numeric range), a few million rows per statement: medians need every value of a step
+    # in memory (an import, a backlog after an outage)
+    per_step = con.execute(
+        "SELECT step, count(*) FROM steps WHERE run_id = ? AND attempt = ? "
+        "AND step BETWEEN ? AND ? GROUP BY step ORDER BY step",
+        [run_id, attempt, lo, hi]).fetchall()
+    present = [step for step, _ in per_step]
+    counts = dict(per_step)
+    total = i = 0
+    while i < len(present):
+        j, budget = i, 0
+        while j < len(present) and (j == i or budget + counts[present[j]]
+                                    <= SUMMARY_CHUNK_ROWS):
+            budget += counts[present[j]]
+            j += 1
+        params = [run_id, attempt, present[i], present[j - 1]]
+        con.execute("DELETE FROM step_summaries WHERE run_id = ? AND attempt = ? "
+                    "AND step BETWEEN ? AND ?", params)
+        total += con.execute("INSERT INTO step_summaries " + SUMMARY_SELECT,
+                             params).fetchall()[0][0]
+        i = j
+    return total
+
+
+def merge_ranges(rows: list[tuple]) -> list[tuple]:
+    """Dirty ``(run, attempt, lo, hi)`` rows, sorted, merged where they overlap or touch."""
+    out: list[list] = []
+    for run_id, attempt, lo, hi in rows:
+        if out and out[-1][0] == run_id and out[-1][1] == attempt and lo <= out[-1][3] + 1:
+            out[-1][3] = max(out[-1][3], hi)
+        else:
+            out.append([run_id, attempt, lo, hi])
+    return [tuple(r) for r in out]
