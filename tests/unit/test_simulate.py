@@ -26,7 +26,8 @@ from goodlens.analysis.runsim.montecarlo import (
     young_interval_s,
 )
 from goodlens.analysis.runsim.presets import PRESETS, get_preset
-from goodlens.analysis.runsim.trial import _prepare, _trial
+from goodlens.analysis.runsim.trial import prepare as _prepare
+from goodlens.analysis.runsim.trial import run_trial as _trial
 from tests.harness import STRESS
 
 H, DAY = 3600.0, 86400.0

@@ -21,7 +21,7 @@ import pandas as pd
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
 from goodlens.analysis.runsim.config import DAY, FAILURE_CAUSES, SimConfig, SimResult
-from goodlens.analysis.runsim.trial import _prepare, _trial
+from goodlens.analysis.runsim.trial import prepare, run_trial
 
 __all__ = ["DAY", "SimConfig", "SimResult", "daly_interval_s", "first_order_goodput",
            "monte_carlo", "simulate", "sweep", "young_interval_s"]
@@ -29,7 +29,7 @@ __all__ = ["DAY", "SimConfig", "SimResult", "daly_interval_s", "first_order_good
 
 def simulate(config: SimConfig, seed: int = 0) -> SimResult:
     """One trial of ``config``: the run's ground-truth breakdown (same seed, same result)."""
-    return _trial(config, _prepare(config), np.random.default_rng(seed))
+    return run_trial(config, prepare(config), np.random.default_rng(seed))
 
 
 def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0) -> dict[str, Any]:
@@ -37,8 +37,8 @@ def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0) -> dict[str
     percentile goodput, mean seconds per bucket and restart part, mean counts."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1 (got {trials})")
-    p = _prepare(config)
-    rs = [_trial(config, p, np.random.default_rng(s))
+    p = prepare(config)
+    rs = [run_trial(config, p, np.random.default_rng(s))
           for s in np.random.SeedSequence(seed).spawn(trials)]
     g = np.array([r.goodput for r in rs])
 
@@ -98,7 +98,7 @@ def first_order_goodput(config: SimConfig) -> float:
     (a save instead of detection and recompute), C the stall per save, dt the interval in
     wall-clock and w0 the noise straggler wait. Ignores stragglers, elastic policies and
     tiers (meaningful for ``sync``; ``async`` uses the snapshot as C)."""
-    p = _prepare(config)
+    p = prepare(config)
     c = config
     d = c.step_s + p.w0
     dt = p.kd * d

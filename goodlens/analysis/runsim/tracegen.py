@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 
 from goodlens.analysis.runsim.config import SimConfig, SimResult
-from goodlens.analysis.runsim.trial import _prepare, _trial
+from goodlens.analysis.runsim.trial import prepare, run_trial
 from goodlens.model.schema import EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
 from goodlens.model.trace import write_trace
 
@@ -97,8 +97,8 @@ def generate_trace(config: SimConfig, seed: int, out: str | Path | None, run_id:
     (with ``ground_truth.json``) when given. Same seed, same tables."""
     t_start = time.perf_counter()
     c, tl = config, []
-    p = _prepare(c)
-    res = _trial(c, p, np.random.default_rng(seed), tl)
+    p = prepare(c)
+    res = run_trial(c, p, np.random.default_rng(seed), tl)
     g = _Gen(c, p, tl, np.random.default_rng([seed, 0x7ACE]), clock_skew_s, epoch)
     for a, r in enumerate(tl):
         g.attempt(a, r)

@@ -5,8 +5,8 @@ the next run ("what if"), and the rest of goodlens needs runs whose true breakdo
 One trial is event-driven at the granularity of failures, checkpoints and straggler episodes,
 never per step (steps between events are counted arithmetically), so a 54-day, 16,384-GPU run
 takes milliseconds. Every second lands in the buckets of ``goodlens.analysis.accounting``, by the
-same
-rules (docs/accounting.md), so a trace written from a trial reports the same breakdown:
+same rules
+(docs/accounting.md), so a trace written from a trial reports the same breakdown:
 
 - the first step of an attempt: its excess over the attempt's median step is restart.warmup;
 - a failure: the steps since the checkpoint that survives it are recompute, as is the partial
@@ -44,9 +44,8 @@ compute; a degraded link slows every node behind its switch.
 from __future__ import annotations
 
 import bisect
-import functools
+import enum
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,480 +56,521 @@ from goodlens.analysis.runsim.config import (
     DAY,
     FAILURE_CAUSES,
     INF,
-    STRAGGLER_CAUSES,
     SimConfig,
     SimResult,
 )
+from goodlens.analysis.runsim.episodes import draw_episodes
+from goodlens.analysis.runsim.prepared import Draws, Prepared, prepare, straggler_noise
+from goodlens.analysis.runsim.steps import (
+    CheckpointSchedule,
+    Ledger,
+    Piece,
+    weighted_median,
+)
+
+__all__ = ["Draws", "Elastic", "Prepared", "Stop", "Trial", "prepare", "run_trial",
+           "straggler_noise"]
+
+COUNTS = ("failures", "hangs", "wide_failures", "startup_failures", "planned", "evictions",
+          "evicted_nodes", "checkpoints", "memory_checkpoints", "memory_restores", "attempts",
+          "shrinks", "grows", "spare_swaps", "straggler_episodes")
+"""The counts of a :class:`SimResult`, in its order."""
 
 
-@dataclass
-class _Prep:
-    km: int
-    kd: int
-    cm: float
-    cdd: float
-    c0: float
-    w0: float
-    med: float
-    cause_cdf: list[float]
-    hang: list[float]
-    wide: list[float]
-    sc_cdf: np.ndarray
-    sc_m: np.ndarray
-    sc_nodes: np.ndarray
+class Stop(enum.Enum):
+    """Why an attempt ended; the value is the timeline's ``kind``."""
+
+    FAILURE = "failed"
+    """A failure (:meth:`Trial.run_steps` also says so when the run's end comes first)."""
+    RUN_END = "end"
+    """The run's end (``duration_s``)."""
+    PLANNED = "planned"
+    """A planned interruption, at the end of the step in flight."""
+    EVICTION = "evict"
+    """The eviction of detected stragglers, at the end of the step in flight."""
+    GROW = "grow"
+    """A repaired node rejoins a shrunk world, at the end of the step in flight."""
 
 
-@functools.lru_cache(maxsize=32)
-def _noise(ranks: int, sigma: float, node: int, switch: int) -> tuple[float, float, float, float]:
-    """E[max - median], E[median], E[max of a node's ranks], E[max of a switch's ranks] of
-    per-rank lognormal(0, sigma) compute factors: a seeded Monte Carlo over >= 16 steps."""
-    if sigma == 0:
-        return 0.0, 1.0, 1.0, 1.0
-    rng = np.random.default_rng(0x5EED)
-    steps = max(16, min(1024, (1 << 20) // ranks))
-    x = np.exp(sigma * rng.standard_normal((steps, ranks)))
-    med = np.median(x, axis=1)
+class Elastic(enum.Enum):
+    """What a failure does to the world (``SimConfig.elastic``)."""
 
-    def group_max(g: int) -> float:
-        k = max(g, ranks // g * g)
-        xs = x if k <= ranks else np.exp(sigma * rng.standard_normal((steps, k)))
-        return float(xs[:, :k].reshape(steps, -1, g).max(axis=2).mean())
-    return float(np.mean(x.max(axis=1) - med)), float(med.mean()), group_max(node), \
-        group_max(switch)
+    RESTART = "restart"
+    """Queue for a full world."""
+    SHRINK = "shrink"
+    """Go on with fewer nodes; grow back when the node is repaired."""
+    SPARES = "spares"
+    """Swap a free hot spare in."""
 
 
-def _prepare(c: SimConfig) -> _Prep:
-    k = max(1, round(c.interval_s / c.step_s))
-    if c.ckpt_mode == "tiered":
-        km = max(1, round(c.memory_interval_s / c.step_s))
-        kd = km * max(1, round(k / km))
-        cm, cdd = c.memory_stall_s, max(c.memory_stall_s, c.snapshot_s)
-    else:
-        km = kd = k
-        cm, cdd = 0.0, (c.write_s if c.ckpt_mode == "sync" else c.snapshot_s)
-    c0 = c.compute_fraction * c.step_s
-    sw_nodes = min(c.nodes_per_switch, c.nodes)
-    wait, med, m_node, m_sw = _noise(c.nodes * c.gpus_per_node, float(c.compute_noise_sigma),
-                                     c.gpus_per_node, sw_nodes * c.gpus_per_node)
-    counts = np.array([n for _, n, _, _ in FAILURE_CAUSES], dtype=float)
-    hang = [(c.hang_prob or {}).get(name, h) for name, _, h, _ in FAILURE_CAUSES]
-    wf = c.wide_failure_fraction
-    wide = [float(w) if wf is None else float(wf) for _, _, _, w in FAILURE_CAUSES]
-    names = list(STRAGGLER_CAUSES)
-    sw = np.array([float(c.straggler_causes.get(s, 0.0)) for s in names])
-    is_link = np.array([s == "link" for s in names])
-    return _Prep(km, kd, cm, cdd, c0, c0 * wait, med,
-                 (np.cumsum(counts) / counts.sum()).tolist()[:-1], hang, wide,
-                 np.cumsum(sw / sw.sum())[:-1], np.where(is_link, m_sw, m_node),
-                 np.where(is_link, sw_nodes, 1))
+# Python 3.11 finds an enum member through ``EnumType.__getattr__`` (~0.3 us a lookup, a few per
+# attempt): the trial's code compares against these module-level references to the members.
+FAILURE, RUN_END, PLANNED, EVICTION, GROW = \
+    Stop.FAILURE, Stop.RUN_END, Stop.PLANNED, Stop.EVICTION, Stop.GROW
+SHRINK, SPARES = Elastic.SHRINK, Elastic.SPARES
 
 
-class _Draws:
-    """Uniforms and normals drawn in blocks (scalar Generator calls are slow)."""
-
-    __slots__ = ("iu", "iz", "rng", "u", "z")
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng, self.u, self.z, self.iu, self.iz = rng, [], [], 0, 0
-
-    def uni(self) -> float:
-        if self.iu >= len(self.u):
-            self.u, self.iu = self.rng.random(512).tolist(), 0
-        self.iu += 1
-        return self.u[self.iu - 1]
-
-    def exp(self) -> float:
-        return -math.log(1.0 - self.uni())
-
-    def norm(self) -> float:
-        if self.iz >= len(self.z):
-            self.z, self.iz = self.rng.standard_normal(256).tolist(), 0
-        self.iz += 1
-        return self.z[self.iz - 1]
-
-
-def _wmedian(items: list[tuple[float, int]]) -> float:
-    """np.median of values given as (value, count) pairs."""
-    if len(items) == 2 and items[1][1] >= 2:
-        return items[1][0]  # first step + >= 2 equal steps: the median is the latter
-    items = sorted(items)
-    total = sum(k for _, k in items)
-
-    def at(ix: int) -> float:
-        pos = 0
-        for v, k in items:
-            pos += k
-            if ix < pos:
-                return v
-        return items[-1][0]
-    return (at((total - 1) // 2) + at(total // 2)) / 2
-
-
-def _trial(c: SimConfig, p: _Prep, rng: np.random.Generator,
-           timeline: list | None = None) -> SimResult:
+def run_trial(c: SimConfig, p: Prepared, rng: np.random.Generator,
+              timeline: list | None = None) -> SimResult:
     """One run, attempt by attempt (rules in the module docstring). ``timeline`` (tests,
     :mod:`goodlens.analysis.runsim.tracegen`) receives each attempt's start-up, pieces and end,
-    enough to
-    rebuild its trace: also the failure (``fail``: cause, hang, wide), whether the restore
-    read a memory copy (``from_mem``), the evicted episodes (``evicted``) and every
+    enough to rebuild its trace: also the failure (``fail``: cause, hang, wide), whether the
+    restore read a memory copy (``from_mem``), the evicted episodes (``evicted``) and every
     straggler episode (``episodes``: onset, end, slowdown, cause, nodes)."""
-    T, N, gpn, step_s, wb = c.duration_s, c.nodes, c.gpus_per_node, c.step_s, c.elastic
-    km, kd, cm, cdd, w0 = p.km, p.kd, p.cm, p.cdd, p.w0
-    j, tiered, evict, delay = kd // km, c.ckpt_mode == "tiered", c.evict_stragglers, \
-        c.evict_delay_steps
-    dr = _Draws(rng)
-    a = dict.fromkeys((*BUCKETS, *RESTART_PARTS, "gpu"), 0.0)
-    cnt = dict.fromkeys(("failures", "hangs", "wide_failures", "startup_failures", "planned",
-                         "evictions", "evicted_nodes", "checkpoints", "memory_checkpoints",
-                         "memory_restores", "attempts", "shrinks", "grows", "spare_swaps",
-                         "straggler_episodes"), 0)
-    by_cause = [0] * len(FAILURE_CAUSES)
-    # straggler episodes and planned interruptions, drawn up front
-    n_ep = int(rng.poisson(c.straggler_per_node_day * N / DAY * T))
-    cnt["straggler_episodes"] = n_ep
-    s0 = np.sort(rng.uniform(0, T, n_ep))
-    dur = c.straggler_duration_median_s * np.exp(c.straggler_duration_sigma *
-                                                 rng.standard_normal(n_ep))
-    slow = c.straggler_slowdown_median * np.exp(c.straggler_slowdown_sigma *
-                                                rng.standard_normal(n_ep))
-    why = np.searchsorted(p.sc_cdf, rng.random(n_ep), side="right")
-    ew = np.maximum(0.0, p.c0 * ((1 + slow) * p.sc_m[why] - p.med)).tolist()
-    ep_nodes, ev_ok = p.sc_nodes[why].tolist(), (slow >= c.evict_min_slowdown).tolist()
-    # for trace mode (goodlens.analysis.runsim.tracegen)
-    episodes = None if timeline is None else dict(
-        onset=s0.tolist(), end=(s0 + dur).tolist(), slowdown=slow.tolist(),
-        cause=np.array(list(STRAGGLER_CAUSES))[why].tolist(), nodes=ep_nodes)
-    fail_info: list = [None, False, False]  # the last failure's cause, hang, wide
-    bt = np.concatenate([s0, s0 + dur])
-    order = np.argsort(bt, kind="stable")
-    bound_t = bt[order].tolist()
-    bound_i = np.concatenate([np.arange(n_ep), -1 - np.arange(n_ep)])[order].tolist()
-    planned = np.sort(rng.uniform(0, T, rng.poisson(c.planned_per_day / DAY * T))).tolist()
-    nb, npl = len(bound_t), len(planned)
-    if c.queue_dist == "lognormal" and c.queue_s > 0:
-        mu, sig = math.log(c.queue_s) - c.queue_sigma ** 2 / 2, c.queue_sigma
+    return Trial(c, p, rng, timeline).run()
 
-        def qdraw() -> float:
-            return math.exp(mu + sig * dr.norm())
-    else:
-        def qdraw() -> float:
-            return c.queue_s * dr.exp()
-    weib = c.failure_dist == "weibull"
-    wscale = c.node_mtbf_s / math.gamma(1 + 1 / c.weibull_shape)
 
-    def wdraw(k: int) -> np.ndarray:
-        return wscale * (-np.log1p(-rng.random(k))) ** (1 / c.weibull_shape)
-    node_next = wdraw(N) if weib else None
-    slot = 0
+class Trial:
+    """One trial's state and its steps: :meth:`run` loops over attempts (:meth:`attempt`).
 
-    def G(k: int) -> float:  # total stall of the saves at counts 1..k
-        q = k // kd
-        return cm * (k // km - q) + cdd * q
+    An attempt starts (init, restore, a first step with warm-up) and either fails before its
+    first step ends (:meth:`fail_in_startup`) or runs steps, in :data:`Piece` s, until the
+    next :class:`Stop` (:meth:`run_steps`): a failure or the run's end
+    (:meth:`fail_in_steps`), a planned interruption or eviction (:meth:`save_on_notice`) or a
+    grow-back (:meth:`grow_back`). Step counts are the run's own: the attempt resumes after
+    ``restart_count`` and the newest checkpoints are at ``durable_count`` and
+    ``memory_count``. Seconds go to ``seconds`` (the accounting's buckets and restart parts,
+    plus ``gpu``: productive GPU-seconds), completed steps through the :class:`Ledger`.
+    """
 
-    def fc(m: int, d: float) -> float:  # end of step count m, from a reference, in a piece
-        k = m - 1
-        q = k // kd
-        return m * d + cm * (k // km - q) + cdd * q
+    __slots__ = (
+        "active", "by_cause", "config", "counts", "draws", "dues", "durable_count", "elastic",
+        "episodes", "failing_slot", "first_step_s", "first_wait_s", "from_memory", "gpus",
+        "grow_at", "init_s", "last_failure", "ledger", "memory_count", "next_boundary",
+        "next_planned", "node_fail_at", "now", "pieces", "planned", "prep", "queue_mu",
+        "restart_count", "restore_s", "rng", "schedule", "seconds", "spare_free_at",
+        "tiered", "timeline", "wait_s", "weibull_scale", "world")
 
-    def stall(k: int) -> float:
-        return cdd if k % kd == 0 else (cm if k % km == 0 else 0.0)
+    def __init__(self, c: SimConfig, p: Prepared, rng: np.random.Generator,
+                 timeline: list | None = None) -> None:
+        self.config, self.prep, self.rng, self.timeline = c, p, rng, timeline
+        self.draws = Draws(rng)
+        self.schedule = CheckpointSchedule(p.km, p.kd, p.cm, p.cdd)
+        self.elastic = Elastic(c.elastic)
+        self.tiered = c.ckpt_mode == "tiered"
+        self.seconds = dict.fromkeys((*BUCKETS, *RESTART_PARTS, "gpu"), 0.0)
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.by_cause = [0] * len(FAILURE_CAUSES)
+        self.last_failure: tuple[str | None, bool, bool] = (None, False, False)
+        """The last failure's cause, whether it hung, whether it was wide."""
+        # drawn up front, in this order: straggler episodes, planned interruptions, failures
+        self.episodes = draw_episodes(c, p, rng, timeline is not None)
+        self.counts["straggler_episodes"] = self.episodes.count
+        T = c.duration_s
+        self.planned: list[float] = [*np.sort(
+            rng.uniform(0, T, rng.poisson(c.planned_per_day / DAY * T))).tolist(), INF]
+        """Planned interruptions, sorted, then ``INF`` (a sentinel: none left)."""
+        self.queue_mu = None
+        """Lognormal queue waits: the log-space mean (None: exponential waits)."""
+        if c.queue_dist == "lognormal" and c.queue_s > 0:
+            self.queue_mu = math.log(c.queue_s) - c.queue_sigma ** 2 / 2
+        self.weibull_scale = c.node_mtbf_s / math.gamma(1 + 1 / c.weibull_shape)
+        self.node_fail_at = None
+        """Weibull failures: each node slot's next failure (-1 stale, inf awaiting repair)."""
+        if c.failure_dist == "weibull":
+            self.node_fail_at = self.weibull_draw(c.nodes)
+        # the current attempt: its start, world (nodes) and GPUs, the step count it resumes
+        # after, its init and restore (from a memory copy?), its first step and that step's
+        # straggler wait; the newest surviving checkpoints (step counts)
+        self.now, self.world, self.gpus = 0.0, c.nodes, 0
+        self.restart_count = self.durable_count = self.memory_count = 0
+        self.init_s, self.restore_s, self.from_memory = c.init_s, 0.0, False
+        self.first_step_s = self.first_wait_s = 0.0
+        # the next episode boundary and planned interruption (indices); the failing node slot
+        self.next_boundary = self.next_planned = self.failing_slot = 0
+        self.wait_s = p.w0
+        """Straggler wait per step now: the worst active episode's, or noise's."""
+        self.active: dict[int, float] = {}
+        """Active episodes: their wait per step."""
+        self.dues: dict[int, float] = {}
+        """Evictable episodes of this attempt: when the detector flags them."""
+        self.grow_at: list[float] = []
+        """Shrunk: when each missing node is back (sorted)."""
+        self.spare_free_at = [0.0] * c.spares
+        self.ledger = Ledger(self.seconds)
+        self.pieces: list[Piece] = []
 
-    def count_at(S: int, tau: float, d: float, t: float) -> int:
-        """Last step count completed by t in a piece (reference count S ended at tau)."""
-        X = t - tau + fc(S, d)
-        ls, lm = kd * d + (j - 1) * cm + cdd, km * d + cm
-        q = int((X - d) // ls)
-        x = X - q * ls
-        i = int((x - d) // lm)
-        i = 0 if i < 0 else (j - 1 if i >= j else i)
-        s = int((x - i * lm) // d)
-        m = q * kd + i * km + (km if s > km else s)
-        while fc(m + 1, d) <= X:
-            m += 1
-        while m > S and fc(m, d) > X:
-            m -= 1
-        return m if m > S else S
+    # ------------------------------------------------------------------ the run
+    def run(self) -> SimResult:
+        """Every attempt until the run's end; the result."""
+        T = self.config.duration_s
+        while self.now < T:
+            if not self.attempt():
+                break
+        return self.result()
 
-    def locate(t: float) -> tuple[int, tuple]:
-        for pc in reversed(pieces):
-            if pc[1] <= t:
-                return count_at(pc[0], pc[1], pc[2], t), pc
-        return R, (R, t, 1.0, 0.0)
+    def result(self) -> SimResult:
+        """What is left of the ledger becomes final; the breakdown, counts and causes."""
+        c, a = self.config, self.seconds
+        self.ledger.commit(INF)
+        parts = {k: a[k] for k in RESTART_PARTS}
+        a["restart"] = sum(parts.values())
+        T = c.duration_s
+        alloc = (c.nodes + (c.spares if self.elastic is SPARES else 0)) \
+            * c.gpus_per_node * T
+        return SimResult(T, a["productive"] / T, a["gpu"] / alloc, {b: a[b] for b in BUCKETS},
+                         parts, self.counts, dict(zip(CAUSE_NAMES, self.by_cause)))
 
-    def span(part: str, lo: float, hi: float) -> None:
-        hi = min(hi, T)
-        if hi > lo:
-            a[part] += hi - lo
-
-    def startup(t0: float, e: float, tf: float = INF) -> None:
-        """Init, then restore (until detection if the failure at tf cut it short)."""
-        rs = t0 + init_c
-        r = 0.0 if tf < rs or e <= rs else \
-            (e if tf < rs + restore_c else min(e, rs + restore_c)) - rs
-        a["restore"] += r
-        a["init"] += e - t0 - r
-
-    def boundary() -> int:
-        nonlocal bi, cur_w
-        i = bound_i[bi]
-        bi += 1
-        if i >= 0:
-            active[i] = ew[i]
+    def attempt(self) -> bool:
+        """One attempt from its start; False when the run ended in it."""
+        c = self.config
+        self.counts["attempts"] += 1
+        n = self.world
+        self.gpus, base = n * c.gpus_per_node, c.step_s * c.nodes / n
+        t_fail = self.next_failure()
+        times, ts0 = self.episodes.boundary_s, self.now + self.init_s + self.restore_s
+        while times[self.next_boundary] <= ts0:
+            self.cross_boundary()
+        self.first_wait_s, self.first_step_s = self.wait_s, base + self.wait_s + c.warmup_s
+        t1 = ts0 + self.first_step_s
+        if t_fail < t1 or t1 > c.duration_s:
+            return self.fail_in_startup(t_fail)
+        self.start_steps(t1, base)
+        stop, m_end, t_end, tx = self.run_steps(t_fail, t1, base)
+        if stop is FAILURE:
+            return self.fail_in_steps(tx, t_fail)
+        self.finalize(m_end, stop is GROW)
+        self.record(stop, m_end=m_end, t_end=t_end)
+        if stop is GROW:
+            self.grow_back(m_end, t_end)
         else:
-            i = -1 - i
-            active.pop(i, None)
-            dues.pop(i, None)
-        cur_w = max(w0, max(active.values())) if active else w0
-        return i
+            self.save_on_notice(stop, m_end, t_end)
+        return True
 
-    def rollback(r: int) -> None:
-        for e in ledger:
-            if e[1] > r:
-                lo = max(e[0], r)
-                a["recompute"] += (e[1] - lo) * (e[2] + e[3])
-                e[1] = lo
+    # ------------------------------------------------------------------ random draws
+    def weibull_draw(self, k: int) -> np.ndarray:
+        """k Weibull times to failure (mean: the node MTBF)."""
+        return self.weibull_scale * (-np.log1p(-self.rng.random(k))) \
+            ** (1 / self.config.weibull_shape)
 
-    def flush(upto: float) -> None:
-        for e in ledger:
-            if e[0] < upto:
-                k = min(e[1], upto) - e[0]
-                a["productive"] += k * e[3]
-                a["straggler_wait"] += k * e[2]
-                a["gpu"] += k * e[3] * e[4]
-                e[0] += k
-        ledger[:] = [e for e in ledger if e[1] > e[0]]
+    def next_failure(self) -> float:
+        """When this attempt's next failure strikes (a node's, exponential or Weibull)."""
+        nf = self.node_fail_at
+        if nf is None:
+            return self.now + self.draws.exp() * self.config.node_mtbf_s / self.world
+        stale = nf <= self.now
+        if stale.any():
+            nf[stale] = self.now + self.weibull_draw(int(stale.sum()))
+        self.failing_slot = int(nf.argmin())
+        return float(nf[self.failing_slot])
 
-    def finalize(m_end: int, save_at_end: bool) -> float:
-        """The attempt's steps into the ledger; warm-up and stalls; its median step."""
-        items, ent = [(dur0, 1)], [[R, R + 1, 0.0, 0.0, gpus]]
-        for i, pc in enumerate(pieces):
-            hi = min(pieces[i + 1][0] if i + 1 < len(pieces) else m_end, m_end)
-            if hi > pc[0]:
-                items.append((pc[2], hi - pc[0]))
-                ent.append([pc[0], hi, pc[3], pc[2] - pc[3], gpus])
-        med = _wmedian(items)
-        warm = max(0.0, dur0 - med)
-        sw0 = min(w_first, dur0 - warm)
-        ent[0][2:4] = sw0, dur0 - warm - sw0
-        a["warmup"] += warm
-        ledger.extend(ent)
-        a["checkpoint_stall"] += G(m_end - 1) - G(R)
-        last = m_end if save_at_end else m_end - 1
-        cnt["checkpoints"] += last // kd - R // kd
-        cnt["memory_checkpoints"] += (last // km - R // km) if tiered else 0
-        return med
+    def queue_wait(self) -> float:
+        """A scheduler queue wait."""
+        c = self.config
+        if self.queue_mu is not None:
+            return math.exp(self.queue_mu + c.queue_sigma * self.draws.norm())
+        return c.queue_s * self.draws.exp()
 
-    def rec(kind: str, **kw: Any) -> None:
-        if timeline is not None:
-            timeline.append(dict(kind=kind, t=t, init=init_c, restore=restore_c, R=R, n=n,
-                                 dur0=dur0, w_first=w_first, pieces=list(pieces),
-                                 from_mem=rmem, episodes=episodes, **kw))
-
-    def fail_draw() -> tuple[float, bool]:
+    def draw_failure(self) -> tuple[float, bool]:
+        """The failure's cause, whether it hangs, whether it is wide; its detection time."""
+        p, dr, cnt = self.prep, self.draws, self.counts
         ci = bisect.bisect_right(p.cause_cdf, dr.uni())
-        by_cause[ci] += 1
+        self.by_cause[ci] += 1
         hang, wide = dr.uni() < p.hang[ci], dr.uni() < p.wide[ci]
         cnt["failures"] += 1
         cnt["hangs"] += hang
         cnt["wide_failures"] += wide
-        fail_info[:] = CAUSE_NAMES[ci], hang, wide
-        return (c.detect_hang_s if hang else c.detect_crash_s), wide
+        self.last_failure = CAUSE_NAMES[ci], hang, wide
+        return (self.config.detect_hang_s if hang else self.config.detect_crash_s), wide
 
-    def take_spares(t: float, k: int) -> bool:
-        free = [i for i, x in enumerate(spare_busy) if x <= t]
-        if wb != "spares" or len(free) < k:
-            return False
-        for i in free[:k]:
-            spare_busy[i] = t + c.repair_s
-        cnt["spare_swaps"] += 1
-        return True
-
-    def full_world() -> None:
-        nonlocal n
-        if wb == "shrink":
-            n = N
-            grows.clear()
-            if weib:
-                node_next[np.isinf(node_next)] = -1.0
-
-    def relaunch(t_fail: float, t_det: float, from_mem: bool) -> float:
-        nonlocal n, init_c, restore_c, rmem
-        if take_spares(t_fail, 1):
-            gap, init_c = c.spare_swap_s, c.init_s
-        elif wb == "shrink" and n > N - c.shrink_max_nodes:
-            n -= 1
-            bisect.insort(grows, t_fail + c.repair_s)
-            gap, init_c = 0.0, c.reconfig_s
-            cnt["shrinks"] += 1
+    # ------------------------------------------------------------------ straggler episodes
+    def cross_boundary(self) -> int:
+        """The next episode boundary (onset or end) takes effect; its episode."""
+        ep, bi = self.episodes, self.next_boundary
+        self.next_boundary = bi + 1
+        i = ep.boundary_episode[bi]
+        active = self.active
+        if ep.boundary_onset[bi]:
+            active[i] = ep.wait_s[i]
         else:
-            gap, init_c = qdraw(), c.init_s
-            full_world()
-        if weib:
-            node_next[slot] = np.inf if n < N else -1.0  # shrunk: the slot waits for repair
-        span("queue", t_det, t_det + gap)
-        restore_c = 0.0 if R == 0 else (c.memory_restore_s if from_mem else c.restore_s)
-        cnt["memory_restores"] += from_mem and R > 0
-        rmem = from_mem and R > 0
-        return t_det + gap
+            active.pop(i, None)
+            self.dues.pop(i, None)
+        w0 = self.prep.w0
+        self.wait_s = max(w0, max(active.values())) if active else w0
+        return i
 
-    t, R, D, Mm, n, bi, pli, cur_w = 0.0, 0, 0, 0, N, 0, 0, w0
-    init_c, restore_c, dur0, w_first, gpus, rmem = c.init_s, 0.0, 0.0, 0.0, 0, False
-    active: dict[int, float] = {}
-    dues: dict[int, float] = {}
-    grows: list[float] = []
-    spare_busy = [0.0] * c.spares
-    ledger: list[list] = []
-    pieces: list[tuple] = []
-    while t < T:
-        cnt["attempts"] += 1
-        gpus, base = n * gpn, step_s * N / n
-        if weib:
-            stale = node_next <= t
-            if stale.any():
-                node_next[stale] = t + wdraw(int(stale.sum()))
-            slot = int(node_next.argmin())
-            t_fail = float(node_next[slot])
-        else:
-            t_fail = t + dr.exp() * c.node_mtbf_s / n
-        ts0 = t + init_c + restore_c
-        while bi < nb and bound_t[bi] <= ts0:
-            boundary()
-        w_first, dur0 = cur_w, base + cur_w + c.warmup_s
-        t1 = ts0 + dur0
-        if t_fail < t1 or t1 > T:  # no step completed: start-up is init/restore, then queue
-            pieces = []
-            if t_fail >= T:
-                startup(t, T)
-                rec("end")
-                break
-            det_s, wide = fail_draw()
-            cnt["startup_failures"] += 1
-            startup(t, min(t_fail + det_s, T), t_fail)
-            rec("failed", t_det=t_fail + det_s, t_fail=t_fail, fail=tuple(fail_info))
-            Mm = D if wide else Mm
-            R = Mm if tiered else D
-            t = relaunch(t_fail, t_fail + det_s, tiered and Mm > D)
-            continue
-        a["init"] += init_c
-        a["restore"] += restore_c
-        rollback(R)  # a later attempt's first step rolls earlier ones back to it
-        flush(D)
-        while bi < nb and bound_t[bi] <= t1:
-            boundary()
-        pieces = [(R + 1, t1, base + cur_w, cur_w)]
-        dues.clear()
-        if evict:
-            dues.update({i: t1 + delay * (base + cur_w) for i in active if ev_ok[i]})
-        while pli < npl and planned[pli] < t:
+    def change_wait(self, tb: float, base: float) -> None:
+        """An episode boundary at ``tb`` in the steps: the wait changes from the next step
+        start on (a new piece), and an evictable onset is due for the detector."""
+        c = self.config
+        i = self.cross_boundary()
+        dn = base + self.wait_s
+        if c.evict_stragglers and i in self.active and self.episodes.evictable[i]:
+            self.dues[i] = tb + c.evict_delay_steps * dn
+        pieces = self.pieces
+        last_count, last_end_s, last_step_s, _ = pieces[-1]
+        if dn != last_step_s:
+            m, pc = self.locate(tb)
+            _, _, step_s, _ = pc
+            em = self.schedule.end_of(m, pc)
+            sk = self.schedule.stall_at(m)
+            ref, eref = (m, em) if em + sk > tb else (m + 1, em + sk + step_s)
+            if ref == last_count:
+                pieces[-1] = (ref, last_end_s, dn, self.wait_s)
+            else:
+                pieces.append((ref, eref, dn, self.wait_s))
+
+    # ------------------------------------------------------------------ steps
+    def locate(self, t: float) -> tuple[int, Piece]:
+        """The last step count done by ``t``, and its piece."""
+        for pc in reversed(self.pieces):
+            if pc[1] <= t:  # its reference step ended by t
+                return self.schedule.count_at(pc, t), pc
+        return self.restart_count, (self.restart_count, t, 1.0, 0.0)
+
+    def start_steps(self, t1: float, base: float) -> None:
+        """The attempt's first step ended at ``t1``: its start-up counts, earlier attempts'
+        later steps roll back, its first piece begins."""
+        c, a = self.config, self.seconds
+        a["init"] += self.init_s
+        a["restore"] += self.restore_s
+        self.ledger.rollback(self.restart_count)
+        self.ledger.commit(self.durable_count)
+        times = self.episodes.boundary_s
+        while times[self.next_boundary] <= t1:
+            self.cross_boundary()
+        self.pieces = [(self.restart_count + 1, t1, base + self.wait_s, self.wait_s)]
+        self.dues.clear()
+        if c.evict_stragglers:
+            due = t1 + c.evict_delay_steps * (base + self.wait_s)
+            evictable = self.episodes.evictable
+            self.dues.update({i: due for i in self.active if evictable[i]})
+        planned, pli = self.planned, self.next_planned
+        while planned[pli] < self.now:
             pli += 1  # fell in downtime: absorbed
-        kind, m_end, t_end = "", 0, 0.0
+        self.next_planned = pli
+
+    def run_steps(self, t_fail: float, t1: float,
+                  base: float) -> tuple[Stop, int, float, float]:
+        """Steps until the next stop: a failure or the run's end (``Stop.FAILURE``), a
+        planned interruption, an eviction or a grow-back. Returns the stop, the last step
+        count and its end (those three at the end of the step in flight), and the failure's
+        time or the run's end."""
+        c, ep = self.config, self.episodes
+        times, planned, dues, grow_at = ep.boundary_s, self.planned, self.dues, self.grow_at
+        tx = min(t_fail, c.duration_s)
         while True:
-            tb = bound_t[bi] if bi < nb else INF
-            tp = planned[pli] if pli < npl else INF
+            tb, tp = times[self.next_boundary], planned[self.next_planned]
             te = min(dues.values()) if dues else INF
-            tg = grows[0] if grows and n < N else INF
+            tg = grow_at[0] if grow_at and self.world < c.nodes else INF
             ts = min(tp, te, tg)
-            tx = min(t_fail, T)
             if tx <= tb and tx <= ts:
-                break
+                return FAILURE, 0, 0.0, tx
             if tb < ts:  # straggler wait changes from the next step start on
-                i = boundary()
-                dn = base + cur_w
-                if evict and i in active and ev_ok[i]:
-                    dues[i] = tb + delay * dn
-                last = pieces[-1]
-                if dn != last[2]:
-                    m, pc = locate(tb)
-                    em = pc[1] + fc(m, pc[2]) - fc(pc[0], pc[2])
-                    sk = stall(m)
-                    ref, eref = (m, em) if em + sk > tb else (m + 1, em + sk + pc[2])
-                    if ref == last[0]:
-                        pieces[-1] = (ref, last[1], dn, cur_w)
-                    else:
-                        pieces.append((ref, eref, dn, cur_w))
+                self.change_wait(tb, base)
                 continue
             if ts < t1:
-                m_end, t_end = R + 1, t1
+                m_end, t_end = self.restart_count + 1, t1
             else:  # planned, eviction or grow-back: at the end of the step in flight
-                m, pc = locate(ts)
+                m, pc = self.locate(ts)
                 m_end = m + 1
-                t_end = pc[1] + fc(m_end, pc[2]) - fc(pc[0], pc[2])
-            kind = "planned" if ts == tp else ("evict" if ts == te else "grow")
-            if tx < t_end + (stall(m_end) if kind == "grow" else 0.0):
-                kind = ""
-            break
-        if not kind:  # failure, or the end of the run
-            m, pc = locate(tx)
-            em = pc[1] + fc(m, pc[2]) - fc(pc[0], pc[2])
-            med = finalize(m, True)
-            if t_fail >= T:
-                sk = min(stall(m), T - em)
-                a["checkpoint_stall"] += sk
-                a["other"] += T - em - sk
-                rec("end", m_end=m)
-                break
-            det_s, wide = fail_draw()
-            t_det = t_fail + det_s
-            tail = min(t_det, T) - em
-            rec("failed", m_end=m, t_det=t_det, t_fail=t_fail, fail=tuple(fail_info))
-            a["recompute"] += min(med, tail)
-            a["detection"] += tail - min(med, tail)
-            k = locate(t_fail - c.write_s)[0] // kd * kd
-            D = max(D, k) if k > R else D
-            if tiered:
-                k = locate(t_fail - c.memory_stall_s)[0] // km * km
-                Mm = max(Mm, k) if k > R else Mm
-            Mm = D if wide else max(Mm, D)
-            R = Mm if tiered else D
-            flush(D)
-            t = relaunch(t_fail, t_det, tiered and Mm > D)
-            continue
-        finalize(m_end, kind == "grow")
-        rec(kind, m_end=m_end, t_end=t_end)
-        if kind == "grow":  # graceful resize: the save at this step, then reconfiguration
-            sk = stall(m_end)
-            a["checkpoint_stall"] += sk
-            D = max(D, m_end // kd * kd) if m_end // kd * kd > R else D
-            Mm = max(Mm, D, m_end // km * km if tiered and m_end // km * km > R else 0)
-            R = m_end
-            flush(D)
-            grows.pop(0)
-            n += 1
-            cnt["grows"] += 1
-            if weib:
-                node_next[int(np.argmax(np.isinf(node_next)))] = -1.0
-            span("init", t_end + sk, t_end + sk + c.reconfig_s)
-            t, init_c, restore_c, rmem = t_end + sk + c.reconfig_s, 0.0, 0.0, False
-            continue
-        D = Mm = R = m_end  # planned or eviction: a durable save on notice
-        flush(D)
-        cnt["checkpoints"] += 1
-        if kind == "planned":
-            pli += 1
-            cnt["planned"] += 1
-            gap = c.write_s + qdraw()
-            full_world()
+                t_end = self.schedule.end_of(m_end, pc)
+            stop = PLANNED if ts == tp else (EVICTION if ts == te else GROW)
+            if tx < t_end + (self.schedule.stall_at(m_end) if stop is GROW else 0.0):
+                stop = FAILURE
+            return stop, m_end, t_end, tx
+
+    def finalize(self, m_end: int, save_at_end: bool) -> float:
+        """The attempt's steps into the ledger; warm-up and stalls; its median step."""
+        R, dur0, gpus, pieces = self.restart_count, self.first_step_s, self.gpus, self.pieces
+        items, ent = [(dur0, 1)], []
+        for i, (count, _, step_s, wait_s) in enumerate(pieces):
+            hi = min(pieces[i + 1][0] if i + 1 < len(pieces) else m_end, m_end)
+            if hi > count:
+                items.append((step_s, hi - count))
+                ent.append([count, hi, wait_s, step_s - wait_s, gpus])
+        med = weighted_median(items)
+        warm = max(0.0, dur0 - med)
+        sw0 = min(self.first_wait_s, dur0 - warm)
+        a, cnt, sched = self.seconds, self.counts, self.schedule
+        a["warmup"] += warm
+        self.ledger.entries.append([R, R + 1, sw0, dur0 - warm - sw0, gpus])  # the first step
+        self.ledger.entries.extend(ent)
+        a["checkpoint_stall"] += sched.stall_through(m_end - 1) - sched.stall_through(R)
+        last = m_end if save_at_end else m_end - 1
+        kd, km = sched.durable_every, sched.memory_every
+        cnt["checkpoints"] += last // kd - R // kd
+        cnt["memory_checkpoints"] += (last // km - R // km) if self.tiered else 0
+        return med
+
+    def record(self, stop: Stop, **kw: Any) -> None:
+        """The attempt into the timeline (trace mode)."""
+        if self.timeline is not None:
+            self.timeline.append(dict(
+                kind=stop.value, t=self.now, init=self.init_s, restore=self.restore_s,
+                R=self.restart_count, n=self.world, dur0=self.first_step_s,
+                w_first=self.first_wait_s, pieces=list(self.pieces), from_mem=self.from_memory,
+                episodes=self.episodes.record, **kw))
+
+    # ------------------------------------------------------------------ downtime
+    def add_span(self, part: str, lo: float, hi: float) -> None:
+        """``lo``..``hi`` (cut at the run's end) to a restart part."""
+        hi = min(hi, self.config.duration_s)
+        if hi > lo:
+            self.seconds[part] += hi - lo
+
+    def add_startup(self, t0: float, e: float, tf: float = INF) -> None:
+        """Init, then restore (until detection if the failure at tf cut it short)."""
+        rs = t0 + self.init_s
+        r = 0.0 if tf < rs or e <= rs else \
+            (e if tf < rs + self.restore_s else min(e, rs + self.restore_s)) - rs
+        self.seconds["restore"] += r
+        self.seconds["init"] += e - t0 - r
+
+    def take_spares(self, t: float, k: int) -> bool:
+        """Swap k free spares in at ``t`` (spares policy), busy until repaired; False when
+        there are not enough."""
+        if self.elastic is not SPARES:
+            return False
+        free = [i for i, x in enumerate(self.spare_free_at) if x <= t]
+        if len(free) < k:
+            return False
+        for i in free[:k]:
+            self.spare_free_at[i] = t + self.config.repair_s
+        self.counts["spare_swaps"] += 1
+        return True
+
+    def full_world(self) -> None:
+        """A restart from the queue gets a full world (shrink: no grow-back pending)."""
+        if self.elastic is SHRINK:
+            self.world = self.config.nodes
+            self.grow_at.clear()
+            if self.node_fail_at is not None:
+                self.node_fail_at[np.isinf(self.node_fail_at)] = -1.0
+
+    def relaunch(self, t_fail: float, t_det: float, from_mem: bool) -> float:
+        """After a failure at ``t_fail``, detected at ``t_det``: a spare, a smaller world or
+        the queue; the next attempt's init and restore. Returns its start."""
+        c, cnt = self.config, self.counts
+        if self.take_spares(t_fail, 1):
+            gap, self.init_s = c.spare_swap_s, c.init_s
+        elif self.elastic is SHRINK and self.world > c.nodes - c.shrink_max_nodes:
+            self.world -= 1
+            bisect.insort(self.grow_at, t_fail + c.repair_s)
+            gap, self.init_s = 0.0, c.reconfig_s
+            cnt["shrinks"] += 1
         else:
-            ids = [i for i, x in dues.items() if x <= t_end]
-            k = sum(ep_nodes[i] for i in ids)
-            for i in ids:
-                active.pop(i, None)
-                dues.pop(i, None)
-            cur_w = max(w0, max(active.values())) if active else w0
-            cnt["evictions"] += 1
-            cnt["evicted_nodes"] += k
-            if timeline is not None:
-                timeline[-1]["evicted"] = ids
-            if take_spares(t_end, k):
-                gap = c.write_s + c.spare_swap_s
-            else:
-                gap = c.write_s + qdraw()
-                full_world()
-        span("queue", t_end, t_end + gap)
-        t, init_c, restore_c, rmem = t_end + gap, c.init_s, c.restore_s, False
-    flush(INF)
-    parts = {k: a[k] for k in RESTART_PARTS}
-    a["restart"] = sum(parts.values())
-    alloc = (N + (c.spares if wb == "spares" else 0)) * gpn * T
-    return SimResult(T, a["productive"] / T, a["gpu"] / alloc, {b: a[b] for b in BUCKETS},
-                     parts, cnt, dict(zip(CAUSE_NAMES, by_cause)))
+            gap, self.init_s = self.queue_wait(), c.init_s
+            self.full_world()
+        if self.node_fail_at is not None:  # shrunk: the slot waits for repair
+            self.node_fail_at[self.failing_slot] = np.inf if self.world < c.nodes else -1.0
+        self.add_span("queue", t_det, t_det + gap)
+        R = self.restart_count
+        self.restore_s = 0.0 if R == 0 else (c.memory_restore_s if from_mem else c.restore_s)
+        cnt["memory_restores"] += from_mem and R > 0
+        self.from_memory = from_mem and R > 0
+        return t_det + gap
+
+    def fail_in_startup(self, t_fail: float) -> bool:
+        """No step completed: start-up is init/restore, then a failure or the run's end."""
+        c = self.config
+        self.pieces = []
+        if t_fail >= c.duration_s:
+            self.add_startup(self.now, c.duration_s)
+            self.record(RUN_END)
+            return False
+        det_s, wide = self.draw_failure()
+        self.counts["startup_failures"] += 1
+        self.add_startup(self.now, min(t_fail + det_s, c.duration_s), t_fail)
+        self.record(FAILURE, t_det=t_fail + det_s, t_fail=t_fail, fail=self.last_failure)
+        if wide:
+            self.memory_count = self.durable_count
+        self.restart_count = self.memory_count if self.tiered else self.durable_count
+        self.now = self.relaunch(t_fail, t_fail + det_s,
+                                 self.tiered and self.memory_count > self.durable_count)
+        return True
+
+    def fail_in_steps(self, tx: float, t_fail: float) -> bool:
+        """A failure (or the run's end) at ``tx`` with steps done: the partial step and the
+        rest until detection, the checkpoints that survive, the relaunch."""
+        c, a, sched = self.config, self.seconds, self.schedule
+        T = c.duration_s
+        m, pc = self.locate(tx)
+        em = sched.end_of(m, pc)
+        med = self.finalize(m, True)
+        if t_fail >= T:
+            sk = min(sched.stall_at(m), T - em)
+            a["checkpoint_stall"] += sk
+            a["other"] += T - em - sk
+            self.record(RUN_END, m_end=m)
+            return False
+        det_s, wide = self.draw_failure()
+        t_det = t_fail + det_s
+        tail = min(t_det, T) - em
+        self.record(FAILURE, m_end=m, t_det=t_det, t_fail=t_fail, fail=self.last_failure)
+        a["recompute"] += min(med, tail)
+        a["detection"] += tail - min(med, tail)
+        R, D, Mm = self.restart_count, self.durable_count, self.memory_count
+        k = self.locate(t_fail - c.write_s)[0] // sched.durable_every * sched.durable_every
+        D = max(D, k) if k > R else D
+        if self.tiered:
+            k = self.locate(t_fail - c.memory_stall_s)[0] // sched.memory_every \
+                * sched.memory_every
+            Mm = max(Mm, k) if k > R else Mm
+        Mm = D if wide else max(Mm, D)
+        self.durable_count, self.memory_count = D, Mm
+        self.restart_count = Mm if self.tiered else D
+        self.ledger.commit(D)
+        self.now = self.relaunch(t_fail, t_det, self.tiered and Mm > D)
+        return True
+
+    def grow_back(self, m_end: int, t_end: float) -> None:
+        """Graceful resize at the end of step ``m_end``: the save due there, then
+        reconfiguration as the next attempt's init (nothing lost, no restore)."""
+        c, sched = self.config, self.schedule
+        kd, km, R = sched.durable_every, sched.memory_every, self.restart_count
+        sk = sched.stall_at(m_end)
+        self.seconds["checkpoint_stall"] += sk
+        D = self.durable_count
+        D = max(D, m_end // kd * kd) if m_end // kd * kd > R else D
+        self.memory_count = max(self.memory_count, D,
+                                m_end // km * km if self.tiered and m_end // km * km > R else 0)
+        self.durable_count, self.restart_count = D, m_end
+        self.ledger.commit(D)
+        self.grow_at.pop(0)
+        self.world += 1
+        self.counts["grows"] += 1
+        if self.node_fail_at is not None:
+            self.node_fail_at[int(np.argmax(np.isinf(self.node_fail_at)))] = -1.0
+        self.add_span("init", t_end + sk, t_end + sk + c.reconfig_s)
+        self.now = t_end + sk + c.reconfig_s
+        self.init_s, self.restore_s, self.from_memory = 0.0, 0.0, False
+
+    def save_on_notice(self, stop: Stop, m_end: int, t_end: float) -> None:
+        """Planned interruption or eviction at the end of step ``m_end``: a durable save,
+        then a spare (evictions only) or the queue."""
+        c, cnt = self.config, self.counts
+        self.durable_count = self.memory_count = self.restart_count = m_end
+        self.ledger.commit(m_end)
+        cnt["checkpoints"] += 1
+        if stop is PLANNED:
+            self.next_planned += 1
+            cnt["planned"] += 1
+            gap = c.write_s + self.queue_wait()
+            self.full_world()
+        else:
+            gap = c.write_s + self.evict(t_end)
+        self.add_span("queue", t_end, t_end + gap)
+        self.now = t_end + gap
+        self.init_s, self.restore_s, self.from_memory = c.init_s, c.restore_s, False
+
+    def evict(self, t_end: float) -> float:
+        """The episodes due by ``t_end`` end with their nodes' eviction; the wait for their
+        replacement (spares, else the queue)."""
+        ep, cnt = self.episodes, self.counts
+        ids = [i for i, x in self.dues.items() if x <= t_end]
+        k = sum(ep.nodes[i] for i in ids)
+        for i in ids:
+            self.active.pop(i, None)
+            self.dues.pop(i, None)
+        w0 = self.prep.w0
+        self.wait_s = max(w0, max(self.active.values())) if self.active else w0
+        cnt["evictions"] += 1
+        cnt["evicted_nodes"] += k
+        if self.timeline is not None:
+            self.timeline[-1]["evicted"] = ids
+        if self.take_spares(t_end, k):
+            return self.config.spare_swap_s
+        wait = self.queue_wait()
+        self.full_world()
+        return wait
