@@ -79,8 +79,8 @@ def naive_fifo_gang(cfg, seed: int, tick: float) -> dict[str, float]:
 
 
 def cold() -> None:
-    clustersim._W0.clear()
-    _simcore._noise.cache_clear()
+    clustersim.STRAGGLER_WAIT_CACHE.clear()
+    _simcore.straggler_noise.cache_clear()
 
 
 def main() -> int:
