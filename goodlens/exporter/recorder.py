@@ -2,7 +2,7 @@
 
 Usage in any training loop::
 
-    from goodlens.exporter.recorder import RankExporter
+    from goodlens.exporter import RankExporter
     exp = RankExporter.from_env(run_id="llama-70b-0412", url="http://collector:8470")
     for n, batch in enumerate(loader_iter):
         with exp.step(n):
@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, fields
 from time import perf_counter as _perf
 from typing import Any
 
+from goodlens.exporter.assembler import Assembler, compact, popleft
+from goodlens.exporter.scopes import NULL_SCOPE, NullScope, Phases, PhaseScope, StepScope
 from goodlens.exporter.transport import ARROW, JSON, Transport, claim_spill
 from goodlens.model.schema import EVENT_COLUMNS, EVENT_KINDS, SCHEMA_VERSION
 from goodlens.model.wire import encode_arrow_batch, encode_batch
@@ -143,73 +145,6 @@ class ExporterConfig:
         return cls(**found)
 
 
-class _StepScope:
-    """The reusable context returned by :meth:`RankExporter.step` (no allocation per step).
-
-    The hot path is two clock reads, one tuple and one ``deque.append``: ``arm(n)`` stores
-    the step number and start, ``__enter__`` is the C builtin ``int`` (no Python frame), and
-    ``__exit__`` appends ``(index, step, start, end)``. ``collector/_hotpath.c`` implements
-    the same type in C (about half the cost); this one is the fallback. Phases, waits and
-    token counts go to a second deque and are matched to steps by time in the background
-    thread; gaps in ``index`` count rows dropped by the bounded buffer.
-    """
-
-    __slots__ = ("_append", "_index", "step", "t0")
-    __enter__ = int  # a builtin: `with` calls it with no arguments and no Python frame
-
-    def __init__(self, append: Any, index: Any) -> None:
-        self._append = append
-        self._index = index
-        self.step = 0
-        self.t0 = 0.0
-
-    def arm(self, n: int) -> _StepScope:
-        """Set the step number and start time; returns the scope for ``with``."""
-        self.step = n
-        self.t0 = _perf()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:  # a step that raised did not complete; its failure is an event
-            self._append((self._index(), self.step, self.t0, _perf()))
-
-
-try:  # the C version of _StepScope (collector/_hotpath.c), when it could be built
-    from collector._hotpath import StepScope as _FastStepScope
-except ImportError:  # no compiler or headers at install time: the pure-Python scope
-    _FastStepScope = _StepScope
-
-
-class _PhaseScope:
-    """Times part of the current step as collective or data wait (a mark for the flusher)."""
-
-    __slots__ = ("_append", "_kind", "t0")
-
-    def __init__(self, append: Any, kind: str) -> None:
-        self._append = append
-        self._kind = kind
-        self.t0 = 0.0
-
-    def __enter__(self) -> _PhaseScope:
-        self.t0 = _perf()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        t1 = _perf()
-        self._append((self._kind, t1, t1 - self.t0))
-
-
-class _NullScope:
-    """What a disabled exporter returns: does nothing, as cheaply as possible."""
-
-    __slots__ = ()
-    __enter__ = int
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL = _NullScope()
 _LIVE: weakref.WeakSet[RankExporter] = weakref.WeakSet()
 
 
@@ -232,9 +167,10 @@ class RankExporter:
         self._events: deque = deque(maxlen=cfg.max_buffer_rows)
         self._index = itertools.count()
         self._seq = itertools.count()
-        self._scope = _FastStepScope(self._steps.append, self._index.__next__)
-        self._phases = {k: _PhaseScope(self._marks.append, k) for k in ("collective", "data")}
-        self._asm = _Assembler(cfg.attempt)
+        self._scope = StepScope(self._steps.append, self._index)
+        self._phases = Phases((k, PhaseScope(self._marks.append, k))
+                               for k in ("collective", "data"))
+        self._asm = Assembler(cfg.attempt)
         self._send_lock = threading.Lock()
         self._stop = threading.Event()
         self._meta_sent = False
@@ -270,8 +206,10 @@ class RankExporter:
                                         daemon=True)
         self._thread.start()
         _LIVE.add(self)
-        # enabled: `exp.step(n)` goes straight to the scope (no Python frame with the C scope)
+        # enabled: `exp.step(n)` is the scope's `arm` and `exp.phase(name)` a dict lookup,
+        # with no method frame in between
         self.step = self._scope.arm  # type: ignore[method-assign]
+        self.phase = self._phases.__getitem__  # type: ignore[method-assign]
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RankExporter:
@@ -284,26 +222,24 @@ class RankExporter:
         return cls(ExporterConfig.from_env(**overrides))
 
     # -- recording (training thread) ------------------------------------------
-    def step(self, n: int) -> _StepScope | _NullScope:
+    def step(self, n: int) -> StepScope | NullScope:
         """Context manager timing step ``n``: ``with exp.step(n): ...``.
 
         An enabled exporter replaces this method by its scope's ``arm`` (see ``__init__``).
         """
         if not self.enabled:
-            return _NULL
+            return NULL_SCOPE
         return self._scope.arm(n)
 
-    def phase(self, name: str) -> _PhaseScope | _NullScope:
+    def phase(self, name: str) -> PhaseScope | NullScope:
         """Time part of the current step as ``collective`` or ``data`` wait; the rest of the
-        step is compute. Once any phase is timed, every step reports the split."""
+        step is compute. Once any phase is timed, every step reports the split.
+
+        An enabled exporter replaces this method by its phase table's ``__getitem__``.
+        """
         if not self.enabled:
-            return _NULL
-        scope = self._phases.get(name)
-        if scope is None:
-            if name != "compute":
-                log.warning("goodlens: unknown phase %r (use collective or data)", name)
-            return _NULL
-        return scope
+            return NULL_SCOPE
+        return self._phases[name]
 
     def add_wait(self, kind: str, seconds: float) -> None:
         """Add wait measured elsewhere (e.g. a DDP communication hook) to the step running
@@ -461,9 +397,9 @@ class RankExporter:
                     max_events: int | None = None) -> tuple[bytes, int]:
         cfg = self.config
         self._last_taken = (0, 0)
-        raw = _popleft(self._steps, min(cfg.batch_rows, max_steps or cfg.batch_rows))
-        marks = _popleft(self._marks, len(self._marks))
-        events = _popleft(self._events, min(cfg.batch_rows, max_events or cfg.batch_rows))
+        raw = popleft(self._steps, min(cfg.batch_rows, max_steps or cfg.batch_rows))
+        marks = popleft(self._marks, len(self._marks))
+        events = popleft(self._events, min(cfg.batch_rows, max_events or cfg.batch_rows))
         self._last_batch_rows = len(raw) + len(events)
         self._last_taken = (len(raw), len(events))
         steps = self._asm.assemble(raw, marks, self._offset, self.attempt)
@@ -478,105 +414,21 @@ class RankExporter:
         if steps:
             cols = list(zip(*steps))
             doc["steps"] = {
-                "attempt": _compact(cols[0]), "rank": self.rank, "host": self.host,
+                "attempt": compact(cols[0]), "rank": self.rank, "host": self.host,
                 "step": list(cols[1]), "start_time": list(cols[2]), "duration_s": list(cols[3]),
-                "compute_s": _compact(cols[4]), "collective_wait_s": _compact(cols[5]),
-                "data_wait_s": _compact(cols[6]), "tokens": _compact(cols[7]),
-                "samples": _compact(cols[8])}
+                "compute_s": compact(cols[4]), "collective_wait_s": compact(cols[5]),
+                "data_wait_s": compact(cols[6]), "tokens": compact(cols[7]),
+                "samples": compact(cols[8])}
         if events:
             ev: dict[str, Any] = {"source": self.source, "seq": [e[0] for e in events],
                                   "kind": [e[1] for e in events], "time": [e[2] for e in events],
-                                  "attempt": _compact([e[3] for e in events])}
+                                  "attempt": compact([e[3] for e in events])}
             used = set().union(*(e[4].keys() for e in events))
             for name in sorted(used):
-                ev[name] = _compact([e[4].get(name) for e in events])
+                ev[name] = compact([e[4].get(name) for e in events])
             doc["events"] = ev
         encode = encode_arrow_batch if cfg.wire == "arrow" else encode_batch
         return encode(doc), len(steps) + len(events)
-
-
-class _Assembler:
-    """Background-thread side: turns raw step tuples and marks into full step rows.
-
-    Marks (phase waits, token counts) carry the time they were taken and belong to the step
-    whose interval contains that time; marks newer than the last finished step wait for the
-    next call. Gaps in the step index are rows the bounded buffer evicted.
-    """
-
-    def __init__(self, attempt: int | None = None) -> None:
-        self.split = False
-        self.dropped = 0
-        self.last_step: int | None = None
-        self._next_index = 0
-        self._pending: list[tuple] = []
-        # the attempt the exporter started in: rows recorded before a new_attempt marker
-        # belong to it even when the marker comes before the first send
-        self._attempt: int | None = attempt
-
-    def assemble(self, raw: list[tuple], marks: list[tuple], offset: float,
-                 attempt: int) -> list[tuple]:
-        if self._attempt is None:
-            self._attempt = attempt
-        if marks:
-            self.split = self.split or any(m[0] in ("collective", "data") for m in marks)
-            self._pending.extend(marks)
-            self._pending.sort(key=lambda m: m[1])
-        pend, j, out = self._pending, 0, []
-        for row in raw:
-            idx = row[0]
-            if idx > self._next_index:
-                self.dropped += idx - self._next_index
-            self._next_index = idx + 1
-            if len(row) == 2:  # new_attempt marker
-                self._attempt = row[1]
-                continue
-            if len(row) == 9:  # record_step(): already complete, times in epoch seconds
-                out.append((self._attempt, *row[1:]))
-                self.last_step = row[1]
-                continue
-            _, step, t0, t1 = row
-            coll = data = 0.0
-            tokens = samples = None
-            while j < len(pend) and pend[j][1] <= t1:
-                kind, t, value = pend[j]
-                if t >= t0:
-                    if kind == "collective":
-                        coll += value
-                    elif kind == "data":
-                        data += value
-                    elif kind == "tokens":
-                        tokens = (tokens or 0) + value
-                    else:
-                        samples = (samples or 0) + value
-                j += 1
-            dur = t1 - t0
-            if self.split:
-                comp = dur - coll - data
-                out.append((self._attempt, step, t0 + offset, dur, comp if comp > 0 else 0.0,
-                            coll, data, tokens, samples))
-            else:
-                out.append((self._attempt, step, t0 + offset, dur, None, None, None, tokens,
-                            samples))
-            self.last_step = step
-        del pend[:j]
-        return out
-
-
-def _popleft(buf: deque, n: int) -> list:
-    out = []
-    pop = buf.popleft
-    for _ in range(min(n, len(buf))):
-        out.append(pop())
-    return out
-
-
-def _compact(values: Any) -> Any:
-    """A column as a scalar when every value is the same (the wire format broadcasts it)."""
-    first = values[0]
-    for v in values:
-        if v != first:
-            return list(values)
-    return first
 
 
 @atexit.register

@@ -55,7 +55,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["attempt_end", "instrument", "load_checkpoint", "save_checkpoint"]
+from goodlens.model.schema import EventKind
+
+__all__ = [EventKind.ATTEMPT_END, "instrument", "load_checkpoint", "save_checkpoint"]
 
 log = logging.getLogger("goodlens.exporter.torch")
 
@@ -73,7 +75,7 @@ def _ensure_attempt_start(exporter: Any) -> None:
     fields: dict[str, Any] = {}
     if world is not None:
         fields["world_size"] = world
-    exporter.event("attempt_start", **fields)
+    exporter.event(EventKind.ATTEMPT_START, **fields)
 
 
 def attempt_end(exporter: Any, cause: str = "completed", step: int | None = None) -> None:
@@ -82,7 +84,7 @@ def attempt_end(exporter: Any, cause: str = "completed", step: int | None = None
     fields: dict[str, Any] = {"cause": cause}
     if step is not None:
         fields["step"] = step
-    exporter.event("attempt_end", **fields)
+    exporter.event(EventKind.ATTEMPT_END, **fields)
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -378,11 +380,11 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
 
     _ensure_attempt_start(exporter)
     path = os.fspath(path)
-    exporter.event("ckpt_save_start", step=step, tier=tier)
+    exporter.event(EventKind.CKPT_SAVE_START, step=step, tier=tier)
     if not async_:
         dcp.save(state, checkpoint_id=path, process_group=process_group, **dcp_options)
-        exporter.event("ckpt_save_blocking_end", step=step, tier=tier)
-        exporter.event("ckpt_save_durable_end", step=step, tier=tier,
+        exporter.event(EventKind.CKPT_SAVE_BLOCKING_END, step=step, tier=tier)
+        exporter.event(EventKind.CKPT_SAVE_DURABLE_END, step=step, tier=tier,
                        bytes=_rank_bytes(path, _rank(process_group)))
         return None
     with _ASYNC_LOCK:
@@ -395,10 +397,10 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
     upload = getattr(response, "upload_completion", response)
     staging = getattr(response, "staging_completion", None)
     if staging is None:
-        exporter.event("ckpt_save_blocking_end", step=step, tier=tier)
+        exporter.event(EventKind.CKPT_SAVE_BLOCKING_END, step=step, tier=tier)
     else:
         staging.add_done_callback(
-            lambda _: exporter.event("ckpt_save_blocking_end", step=step, tier=tier))
+            lambda _: exporter.event(EventKind.CKPT_SAVE_BLOCKING_END, step=step, tier=tier))
     recorded: Future = Future()
 
     def durable(f: Future) -> None:
@@ -408,7 +410,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
             log.warning("goodlens: async checkpoint %s failed: %r", path, exc)
             recorded.set_exception(exc)
         else:
-            exporter.event("ckpt_save_durable_end", step=step, tier=tier,
+            exporter.event(EventKind.CKPT_SAVE_DURABLE_END, step=step, tier=tier,
                            bytes=_rank_bytes(path, rank))
             recorded.set_result(value)
         with _ASYNC_LOCK:
@@ -437,7 +439,8 @@ def load_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
     fields: dict[str, Any] = {"tier": tier}
     if step is not None:
         fields["step"] = step
-    exporter.event("ckpt_restore_start", **fields)
+    exporter.event(EventKind.CKPT_RESTORE_START, **fields)
     dcp.load(state, checkpoint_id=path, process_group=process_group, **dcp_options)
-    exporter.event("ckpt_restore_end", bytes=_rank_bytes(path, _rank(process_group)), **fields)
+    exporter.event(EventKind.CKPT_RESTORE_END, bytes=_rank_bytes(path, _rank(process_group)),
+                   **fields)
     return state

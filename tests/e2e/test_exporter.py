@@ -11,30 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from goodlens.exporter.recorder import ExporterConfig, RankExporter, _Assembler
+from goodlens.exporter.recorder import ExporterConfig, RankExporter
 from goodlens.storage.store import Store
 from tests.harness import ROOT, Collector, free_port, http
-
-
-def test_assembler_attributes_phases_tokens_and_attempts():
-    a = _Assembler()
-    raw = [(0, 7, 10.0, 11.0), (1, 8, 11.0, 12.5), (2, 3), (3, 9, 13.0, 14.0),
-           (4, 10, 2000.0, 1.0, None, None, None, 5, None)]
-    marks = [("data", 10.1, 0.1), ("collective", 10.9, 0.3), ("tokens", 10.5, 64),
-             ("collective", 12.4, 0.5), ("collective", 99.0, 1.0)]
-    rows = a.assemble(raw, marks, offset=1000.0, attempt=2)
-    assert rows[0] == (2, 7, 1010.0, 1.0, pytest.approx(0.6), 0.3, 0.1, 64, None)
-    assert rows[1] == (2, 8, 1011.0, 1.5, pytest.approx(1.0), 0.5, 0.0, None, None)
-    assert rows[2][:2] == (3, 9)  # the new_attempt marker switched the attempt
-    assert rows[3] == (3, 10, 2000.0, 1.0, None, None, None, 5, None)
-    assert a._pending == [("collective", 99.0, 1.0)]  # belongs to a step not finished yet
-    assert a.dropped == 0 and a.last_step == 10
-
-
-def test_steps_without_phases_report_no_split():
-    a = _Assembler()
-    rows = a.assemble([(0, 1, 0.0, 1.0)], [], 0.0, 0)
-    assert rows[0][4:7] == (None, None, None)
 
 
 def test_bounded_buffer_drops_oldest_and_counts(tmp_path):
@@ -174,28 +153,6 @@ def test_sixteen_ranks_exactly_once_through_a_collector_crash(tmp_path):
     assert df.compute_s.notna().all()
     np.testing.assert_allclose(df.compute_s + df.collective_wait_s + df.data_wait_s,
                                df.duration_s, rtol=1e-9, atol=1e-9)
-
-
-@pytest.mark.parametrize("impl", ["python", "c"])
-def test_both_step_scopes_record_the_same_rows(impl):
-    import itertools
-    from collections import deque
-
-    from collector import exporter as mod
-    if impl == "c" and mod._FastStepScope is mod._StepScope:
-        pytest.skip("collector._hotpath was not built (no compiler or Python headers)")
-    cls = mod._StepScope if impl == "python" else mod._FastStepScope
-    buf: deque = deque()
-    scope = cls(buf.append, itertools.count().__next__)
-    before = time.perf_counter()
-    for n in (5, 6, 7):
-        with scope.arm(n):
-            pass
-    with pytest.raises(KeyError), scope.arm(8):
-        raise KeyError("boom")
-    after = time.perf_counter()
-    assert [(i, s) for i, s, _, _ in buf] == [(0, 5), (1, 6), (2, 7)]
-    assert all(before <= t0 <= t1 <= after for _, _, t0, t1 in buf)  # perf_counter's clock
 
 
 def test_spill_file_survives_a_torn_record_and_mixed_formats(tmp_path):
