@@ -11,7 +11,7 @@ APT_PACKAGES := chromium chromium-driver prometheus
 
 SAMPLES := $(patsubst %/manifest.json,%,$(wildcard sample_data/*/manifest.json))
 
-.PHONY: run test lint bench sample-data clean system-deps screenshots
+.PHONY: run test test-unit lint bench sample-data clean system-deps screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,8 +49,12 @@ test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+test-unit: $(VENV)/.stamp-test
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e/test_packaging.py -k contracts
 
 bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/exporter_hot_path.py
@@ -60,6 +64,10 @@ bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/simulate.py
 	$(BIN)/python bench/detectors.py
 	$(BIN)/python bench/dashboard.py
+	$(BIN)/python bench/relay.py
+	$(BIN)/python bench/scaleout.py
+	$(BIN)/python bench/cluster.py
+	$(BIN)/python bench/torch_overhead.py
 
 screenshots: $(VENV)/.stamp-test system-deps
 	$(BIN)/python docs/screenshots.py

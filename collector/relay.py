@@ -32,9 +32,7 @@ import hmac
 import http.client
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -44,18 +42,15 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from goodlens.collector.serving import serve_until_exit
 from goodlens.exporter.relay_client import DEFAULT_RELAY_PORT, endpoint
 from goodlens.exporter.transport import is_loopback
-from goodlens.model.batch import Batch, BatchError, decode_batch
-from goodlens.model.batch_arrow import decode_arrow_batch
+from goodlens.model.batch import Batch
 from goodlens.model.schema import SCHEMA_VERSION, STEP_COLUMNS
 from goodlens.model.wire import ARROW as ARROW_STREAM
 from goodlens.model.wire import META_KEY
 
 log = logging.getLogger("goodlens.relay")
 
-_DECODERS = {"application/json": decode_batch, ARROW_STREAM: decode_arrow_batch}
 _STEP_REQUIRED = {c.name for c in STEP_COLUMNS if c.required}
 _RETRY_PASS = {429, 503}  # upstream overload: passed on with its Retry-After
 _AUTH = {401, 403}        # upstream refused the token: every push of the batch learns why
@@ -281,13 +276,13 @@ class Relay:
         if not self.config.token:
             return None
         if not header:
-            return _answer(401, {"error": "missing token: send 'Authorization: Bearer "
+            return answer(401, {"error": "missing token: send 'Authorization: Bearer "
                                  "<token>'", "field": "authorization"},
                            {"WWW-Authenticate": "Bearer"})
         scheme, _, value = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
                 value.strip().encode(), self.config.token.encode()):
-            return _answer(403, {"error": "wrong token", "field": "authorization"})
+            return answer(403, {"error": "wrong token", "field": "authorization"})
         return None
 
     async def submit(self, batch: Batch, body: bytes, content_type: str,
@@ -302,7 +297,7 @@ class Relay:
             return _unavailable(f"the collector is unreachable ({self.stats.last_upstream_error})")
         if self._waiting_bytes + len(body) > self.config.max_pending_bytes:
             self.stats.failed += 1
-            return _answer(503, {"error": "relay: too much waiting for the collector; retry "
+            return answer(503, {"error": "relay: too much waiting for the collector; retry "
                                  "later", "field": None}, {"Retry-After": "1"})
         source = _source_of(batch)
         exp = batch.exporter
@@ -398,7 +393,7 @@ class Relay:
                                                      exporters)
             except Exception as exc:  # never leave a push without an answer
                 log.exception("relay: forwarding failed")
-                answers = [_answer(502, {"error": f"relay error: {exc}", "field": None})
+                answers = [answer(502, {"error": f"relay error: {exc}", "field": None})
                            ] * len(pushes)
             for p, ans in zip(pushes, answers):
                 if ans[0] == 200:
@@ -447,7 +442,7 @@ class Relay:
         if isinstance(result, tuple) and result[0] == 200:
             self.stats.forwarded_rows += rows
             upstream = _loads(result[1])
-            return [_answer(200, {"ok": True, "relayed": True,
+            return [answer(200, {"ok": True, "relayed": True,
                                   "steps": p.batch.steps.num_rows if p.batch.steps else 0,
                                   "events": p.batch.events.num_rows if p.batch.events else 0,
                                   "merged_pushes": len(group), "upstream": upstream})
@@ -500,12 +495,12 @@ def _source_of(batch: Batch) -> Any:
     return None
 
 
-def _answer(status: int, obj: Any, headers: dict[str, str] | None = None) -> Answer:
+def answer(status: int, obj: Any, headers: dict[str, str] | None = None) -> Answer:
     return status, orjson.dumps(obj), headers or {}
 
 
 def _unavailable(why: str) -> Answer:
-    return _answer(503, {"error": f"relay: {why}; retry later", "field": None},
+    return answer(503, {"error": f"relay: {why}; retry later", "field": None},
                    {"Retry-After": "1"})
 
 
@@ -520,102 +515,13 @@ def _relay_answer(result: tuple[int, bytes, str | None] | Exception) -> Answer:
     """What a push hears when its batch was not acknowledged as part of a merged batch."""
     if isinstance(result, Exception):
         if isinstance(result.__cause__, TimeoutError):
-            return _answer(504, {"error": f"relay: the collector did not answer in time "
+            return answer(504, {"error": f"relay: the collector did not answer in time "
                                  f"({result})", "field": None})
         return _unavailable(f"the collector is unreachable ({result})")
     status, payload, retry = result
     if status in _RETRY_PASS:
         return status, payload, {"Retry-After": retry or "1"}
     if status >= 500 or status == 408:
-        return _answer(502, {"error": f"relay: the collector answered {status}: "
+        return answer(502, {"error": f"relay: the collector answered {status}: "
                              f"{payload[:300].decode('utf-8', 'replace')}", "field": None})
     return status, payload, {}  # its own answer (200 or a 4xx)
-
-
-# ----------------------------------------------------------------------------- serving
-
-
-def create_app(relay: Relay) -> Any:
-    """The relay's ASGI app: ``POST /v1/ingest`` and ``GET /healthz``."""
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    cfg = relay.config
-
-    def respond(ans: Answer) -> Response:
-        return Response(ans[1], ans[0], headers=ans[2], media_type="application/json")
-
-    def refuse(ans: Answer) -> Response:
-        relay.stats.rejected += 1
-        return respond(ans)
-
-    async def ingest(request: Request) -> Response:
-        header = request.headers.get("authorization", "")
-        if (err := relay.check_token(header)) is not None:
-            return refuse(err)
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        decode = _DECODERS.get(ctype)
-        if decode is None:
-            return refuse(_answer(415, {"error": f"content type {ctype} not supported; send "
-                                        f"{' or '.join(_DECODERS)}", "field": "content-type"}))
-        too_large = _answer(413, {"error": f"batch larger than {cfg.max_body_bytes} bytes; "
-                                  "send smaller batches", "field": None})
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
-            return refuse(too_large)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > cfg.max_body_bytes:
-                return refuse(too_large)
-        data = bytes(body)
-        try:
-            batch = await run_in_threadpool(decode, data)
-        except BatchError as exc:
-            return refuse(_answer(exc.status, exc.as_dict()))
-        return respond(await relay.submit(batch, data, ctype, header))
-
-    async def healthz(request: Request) -> Response:
-        return Response(orjson.dumps(relay.health()), media_type="application/json")
-
-    return Starlette(routes=[Route("/v1/ingest", ingest, methods=["POST"]),
-                             Route("/healthz", healthz, methods=["GET"])])
-
-
-def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning") -> Relay:
-    """Run the relay until SIGINT/SIGTERM (or ``idle_exit_s`` without a push); returns it.
-
-    ``ready``, if given, is called with the bound port once the relay accepts connections.
-    Pushes in flight at shutdown are still forwarded and answered.
-    """
-    import uvicorn
-
-    relay = Relay(config)
-    uconfig = uvicorn.Config(create_app(relay), host=config.host, port=config.port,
-                             log_level=log_level, access_log=False, lifespan="off",
-                             timeout_graceful_shutdown=2 * config.timeout_s + 1)
-    server = uvicorn.Server(uconfig)
-
-    def idle_exit() -> None:
-        if (config.idle_exit_s and relay.idle()
-                and time.monotonic() - relay.last_push > config.idle_exit_s):
-            log.info("relay: no push for %.0f s; exiting", config.idle_exit_s)
-            server.should_exit = True
-
-    # uvicorn shuts down on SIGINT/SIGTERM, then re-raises the signal with the handler that
-    # was there before it: make that one ask for the same clean stop (it also covers a
-    # signal arriving before uvicorn installed its own), so the caller gets the counters
-    def _stop(signum: int, frame: Any) -> None:
-        server.should_exit = True
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _stop)
-    try:
-        asyncio.run(serve_until_exit(server, ready, idle_exit))
-    finally:
-        relay.close()
-    return relay

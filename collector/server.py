@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import pandas as pd
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -40,21 +39,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from goodlens.analysis.accounting import report_dict
+from goodlens.analysis.report import report_dict
 from goodlens.collector.metrics import make_registry
 from goodlens.collector.serving import serve_until_exit
 from goodlens.exporter.transport import is_loopback
-from goodlens.model.batch import BatchError, decode_batch
-from goodlens.model.batch_arrow import decode_arrow_batch
+from goodlens.model.batch import BatchError
+from goodlens.model.batch_arrow import DECODERS
 from goodlens.model.jsonable import plain, records
 from goodlens.model.schema import SCHEMA_VERSION
-from goodlens.model.wire import ARROW as ARROW_STREAM
 from goodlens.storage.parquet import open_store
 from goodlens.storage.store import Store
 from goodlens.storage.writer import Overloaded, Writer
 
 log = logging.getLogger("goodlens.server")
-_DECODERS = {"application/json": decode_batch, ARROW_STREAM: decode_arrow_batch}
 
 
 @dataclass
@@ -105,47 +102,76 @@ RootApp = Callable[[Store], Any]
 """Builds the ASGI app served at ``/`` over the open store (``goodlens serve``: the dashboard)."""
 
 
-def create_app(store: Store, writer: Writer, config: ServerConfig,
-               detection: Any = None, root: Any = None) -> Starlette:
-    """The collector's ASGI app over an open store and a started writer; ``root``, an ASGI
-    app, is mounted at ``/`` after the collector's own routes."""
-    registry = make_registry(store, writer, detection)
-    token = config.token.encode() if config.token else None
-    started = time.time()
+class CollectorApi:
+    """The collector's endpoints over one store, writer and config: the state has names
+    (the token, the metrics registry, when it started), each endpoint is a method."""
 
-    def auth_error(request: Request) -> Response | None:
-        if token is None:
+    def __init__(self, store: Store, writer: Writer, config: ServerConfig,
+                 detection: Any = None) -> None:
+        self.store = store
+        self.writer = writer
+        self.config = config
+        self.registry = make_registry(store, writer, detection)
+        self.token = config.token.encode() if config.token else None
+        self.started = time.time()
+
+    def routes(self) -> list[Route]:
+        """The collector's own routes (``/v1/...``, ``/metrics``, ``/healthz``)."""
+        return [
+            Route("/v1/ingest", self.ingest, methods=["POST"]),
+            Route("/v1/sync", self.sync, methods=["POST"]),
+            Route("/v1/runs", self.runs, methods=["GET"]),
+            Route("/v1/report", self.report, methods=["GET"]),
+            Route("/v1/runs/{run_id:path}", self.run, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+        ]
+
+    def auth_error(self, request: Request) -> Response | None:
+        """The 401/403 answer when a token is required and missing or wrong; else None."""
+        if self.token is None:
             return None
         header = request.headers.get("authorization", "")
         if not header:
-            writer.stats.reject("auth")
+            self.writer.stats.reject("auth")
             return _json({"error": "missing token: send 'Authorization: Bearer <token>'",
                           "field": "authorization"}, 401, {"WWW-Authenticate": "Bearer"})
         scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token):
-            writer.stats.reject("auth")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(),
+                                                                 self.token):
+            self.writer.stats.reject("auth")
             return _json({"error": "wrong token", "field": "authorization"}, 403)
         return None
 
-    async def ingest(request: Request) -> Response:
-        if (err := auth_error(request)) is not None:
-            return err
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        decode = _DECODERS.get(ctype)
-        if decode is None:
-            writer.stats.reject("invalid")
-            return _json({"error": f"content type {ctype} not supported; send "
-                          f"{' or '.join(_DECODERS)}", "field": "content-type"}, 415)
+    async def _body(self, request: Request) -> bytes | Response:
+        """The request body, or the 413 answer once it passes the size limit."""
+        limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
-            return _too_large(writer, config)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return _too_large(self.writer, self.config)
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > config.max_body_bytes:
-                return _too_large(writer, config)
+            if len(body) > limit:
+                return _too_large(self.writer, self.config)
+        return bytes(body)
+
+    async def ingest(self, request: Request) -> Response:
+        """``POST /v1/ingest``: validate, hand to the writer, answer after the commit."""
+        if (err := self.auth_error(request)) is not None:
+            return err
+        writer = self.writer
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        decode = DECODERS.get(ctype)
+        if decode is None:
+            writer.stats.reject("invalid")
+            return _json({"error": f"content type {ctype} not supported; send "
+                          f"{' or '.join(DECODERS)}", "field": "content-type"}, 415)
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
         try:
-            batch = await run_in_threadpool(decode, bytes(body))
+            batch = await run_in_threadpool(decode, body)
         except BatchError as exc:
             writer.stats.reject("invalid")
             return _json(exc.as_dict(), exc.status)
@@ -162,42 +188,47 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
             return _json({"error": f"batch could not be stored: {exc}", "field": None}, 500)
         return _json({"ok": True, **result.as_dict()})
 
-    async def metrics(request: Request) -> Response:
-        data = await run_in_threadpool(generate_latest, registry)
+    async def metrics(self, request: Request) -> Response:
+        """``GET /metrics``: Prometheus text, read at scrape time."""
+        data = await run_in_threadpool(generate_latest, self.registry)
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
+        """``GET /healthz``: liveness and queue depth (no token needed)."""
         return _json({"status": "ok", "schema_version": SCHEMA_VERSION,
-                      "queue_rows": writer.queue_rows, "uptime_s": time.time() - started,
-                      "db": config.db})
+                      "queue_rows": self.writer.queue_rows,
+                      "uptime_s": time.time() - self.started, "db": self.config.db})
 
-    async def runs(request: Request) -> Response:
-        if (err := auth_error(request)) is not None:
+    async def runs(self, request: Request) -> Response:
+        """``GET /v1/runs``: every run, as ``goodlens runs --json``."""
+        if (err := self.auth_error(request)) is not None:
             return err
-        df = await run_in_threadpool(store.runs)
+        df = await run_in_threadpool(self.store.runs)
         return _json({"runs": records(df)})
 
-    async def run(request: Request) -> Response:
-        if (err := auth_error(request)) is not None:
+    async def run(self, request: Request) -> Response:
+        """``GET /v1/runs/{run_id}``: one run and its attempts."""
+        if (err := self.auth_error(request)) is not None:
             return err
         run_id = request.path_params["run_id"]
 
         def load() -> tuple[Any, Any]:
-            return store.run(run_id), store.attempts(run_id)
+            return self.store.run(run_id), self.store.attempts(run_id)
         info, attempts = await run_in_threadpool(load)
         if info is None:
             return _json({"error": f"no run {run_id!r}; list runs at /v1/runs",
                           "field": "run_id"}, 404)
-        return _json({"run": records(pd.DataFrame([info]))[0], "attempts": records(attempts)})
+        return _json({"run": plain(info), "attempts": records(attempts)})
 
-    async def report(request: Request) -> Response:
-        if (err := auth_error(request)) is not None:
+    async def report(self, request: Request) -> Response:
+        """``GET /v1/report?run=&since=&until=``: the time accounting of ``goodlens report``."""
+        if (err := self.auth_error(request)) is not None:
             return err
         q = request.query_params
 
         def build() -> dict:
-            return report_dict(store, q.get("run"), q.get("since"), q.get("until"),
-                               hang_floor_s=config.hang_floor_s)
+            return report_dict(self.store, q.get("run"), q.get("since"), q.get("until"),
+                               hang_floor_s=self.config.hang_floor_s)
         try:
             rep = await run_in_threadpool(build)
         except KeyError as exc:
@@ -206,25 +237,23 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
             return _json({"error": str(exc), "field": "since/until"}, 422)
         return _json(rep)
 
-    async def sync(request: Request) -> Response:
-        if (err := auth_error(request)) is not None:
+    async def sync(self, request: Request) -> Response:
+        """``POST /v1/sync``: everything queued committed and summarised before it answers."""
+        if (err := self.auth_error(request)) is not None:
             return err
         try:
-            await run_in_threadpool(writer.sync)
+            await run_in_threadpool(self.writer.sync)
         except TimeoutError as exc:
             return _json({"error": f"{exc}; the collector is behind, try again", "field": None},
                          504)
         return _json({"ok": True})
 
-    routes = [
-        Route("/v1/ingest", ingest, methods=["POST"]),
-        Route("/v1/sync", sync, methods=["POST"]),
-        Route("/v1/runs", runs, methods=["GET"]),
-        Route("/v1/report", report, methods=["GET"]),
-        Route("/v1/runs/{run_id:path}", run, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-    ]
+
+def create_app(store: Store, writer: Writer, config: ServerConfig,
+               detection: Any = None, root: Any = None) -> Starlette:
+    """The collector's ASGI app over an open store and a started writer; ``root``, an ASGI
+    app, is mounted at ``/`` after the collector's own routes."""
+    routes: list[Any] = CollectorApi(store, writer, config, detection).routes()
     if root is not None:
         routes.append(Mount("/", app=root))
     return Starlette(routes=routes)

@@ -42,7 +42,8 @@ def parse_path(pathname: str | None) -> tuple[str, str | None]:
 
 
 def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any) -> dash.Dash:
-    """The dashboard over an open store (``goodlens.storage.store.Store``, live or read-only)."""
+    """The dashboard over an open store (a :class:`~goodlens.storage.reader.RunReader`, live or
+    read-only)."""
     config = config or DashConfig()
     data = RunData(store, config)
     app = dash.Dash(__name__, title=config.title, suppress_callback_exceptions=True,
@@ -55,7 +56,17 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         html.Div(id="page", className="gl-page"),
     ])
     app._goodlens_data = data  # for tests and the benchmark
+    _register_routing(app, data)
+    _register_run_pages(app, data)
+    _register_ranks(app, data)
+    _register_whatif(app, data)
+    from goodlens.dashboard.cluster import register_cluster_callbacks
+    register_cluster_callbacks(app)
+    return app
 
+
+def _register_routing(app: dash.Dash, data: RunData) -> None:
+    """The URL picks the page: navigation and the page's skeleton; the runs list."""
     @app.callback(Output("nav", "children"), Output("page", "children"),
                   Input("url", "pathname"))
     def route(pathname: str | None) -> tuple[Any, Any]:
@@ -92,6 +103,9 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     def runs_page(_: Any, pathname: str | None) -> Any:
         return pages.runs_body(data.runs())
 
+
+def _register_run_pages(app: dash.Dash, data: RunData) -> None:
+    """Overview and checkpoints: redrawn on the timer only when the run's version moved."""
     def refreshing(page: str, outputs: list[Output], build: Any) -> None:
         """A page that redraws on the timer only when its run's version moved: ``build``
         gives the values of ``outputs`` for a run id (the first output says when the run
@@ -122,6 +136,10 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     refreshing("overview", [Output(i, "children") for i in pages.OVERVIEW_DIVS]
                + [Output(f"{i}-next", "data") for i in pages.OVERVIEW_GRAPHS], overview)
 
+
+def _register_ranks(app: dash.Dash, data: RunData) -> None:
+    """The ranks page (attempt, pooling and span controls), and the browser-side redraw of
+    every live graph that keeps the user's zoom (``assets/keep_view.js``)."""
     rk_outputs = [Output(i, "children") for i in pages.RANKS_DIVS] + \
         [Output(f"{i}-next", "data") for i in pages.RANKS_GRAPHS]
     for gid in (*pages.OVERVIEW_GRAPHS, *pages.RANKS_GRAPHS):
@@ -155,6 +173,9 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         return (*_to_graphs(rk_outputs, values, live), key,
                 pages.attempt_options(rk["attempts"]))
 
+
+def _register_whatif(app: dash.Dash, data: RunData) -> None:
+    """What-if: the form seeded from the run's calibration, and the comparison it asks for."""
     @app.callback(Output("whatif-form", "children"), Input("url", "pathname"))
     def whatif_form(pathname: str | None) -> Any:
         kind, run_id = parse_path(pathname)
@@ -191,10 +212,6 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
         except ValueError as exc:
             return html.P(str(exc), className="gl-error", id="whatif-error")
         return pages.whatif_body(data.whatif(run_id, changes), cal)
-
-    from goodlens.dashboard.cluster import register_cluster_callbacks
-    register_cluster_callbacks(app)
-    return app
 
 
 def _to_graphs(outputs: list[Output], values: Any, live: bool) -> list[Any]:

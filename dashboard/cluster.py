@@ -6,13 +6,12 @@ share and a shared spare pool would buy them. The page runs
 and
 shows the cluster numbers side by side, where the node-hours went, each owner's share and
 wait, and the allocation over time. Figure builders here are pure (plain dicts in, Plotly
-figures out); the callback only parses the form and caches results.
+figures out); the callback only parses the form and asks the app's :class:`CompareCache`.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import functools
 from typing import Any
 
 import plotly.graph_objects as go
@@ -41,8 +40,6 @@ _METRICS = [  # key, label, kind (share, seconds, count)
     ("spare_swaps", "spare swaps", "count"),
     ("failures", "node failures", "count"),
 ]
-_cache: OrderedDict[tuple, dict] = OrderedDict()
-_lock = threading.Lock()
 
 
 def policy_spec(side: dict[str, Any]) -> str:
@@ -54,20 +51,18 @@ def policy_spec(side: dict[str, Any]) -> str:
         "fair" if side.get("fair") else "fifo", f"spares={int(side.get('spares') or 0)}"])
 
 
-def run_compare(preset: str, spec_a: str, spec_b: str, seed: int) -> dict[str, Any]:
-    """``compare`` for the page, cached (a preset and two specs always give one answer)."""
-    from goodlens.analysis.clustersim.config import get_cluster_preset
-    from goodlens.analysis.clustersim.sim import compare
-    key = (preset, spec_a, spec_b, seed)
-    with _lock:
-        if key in _cache:
-            return _cache[key]
-    out = compare(get_cluster_preset(preset), spec_a, spec_b, seed)
-    with _lock:
-        _cache[key] = out
-        while len(_cache) > 16:
-            _cache.popitem(last=False)
-    return out
+class CompareCache:
+    """``compare`` for the page, remembered per app (a preset, two specs and a seed always
+    give one answer; the 16 most recent are kept). No module state: each app has its own."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.run = functools.lru_cache(maxsize=size)(self._compare)
+
+    @staticmethod
+    def _compare(preset: str, spec_a: str, spec_b: str, seed: int) -> dict[str, Any]:
+        from goodlens.analysis.clustersim.config import get_cluster_preset
+        from goodlens.analysis.clustersim.sim import compare
+        return compare(get_cluster_preset(preset), spec_a, spec_b, seed)
 
 
 def fmt_metric(value: float | None, kind: str) -> str:
@@ -236,7 +231,8 @@ def cluster_body(result: dict[str, Any]) -> html.Div:
 
 
 def register_cluster_callbacks(app: Any) -> None:
-    """The page's one callback: form in, comparison out."""
+    """The page's one callback: form in, comparison out (cached per app)."""
+    cache = CompareCache()
     @app.callback(Output("cluster-body", "children"), Input("cluster-preset", "value"),
                   Input("cluster-seed", "value"),
                   Input("cluster-a-levers", "value"), Input("cluster-a-preempt", "value"),
@@ -248,7 +244,7 @@ def register_cluster_callbacks(app: Any) -> None:
             specs = [policy_spec({**{k: k in (lv or []) for k in ("gang", "topo", "fair")},
                                   "preempt": pre, "spares": _count(sp)})
                      for lv, pre, sp in ((a_levers, a_pre, a_sp), (b_levers, b_pre, b_sp))]
-            result = run_compare(preset, specs[0], specs[1], int(seed or 0))
+            result = cache.run(preset, specs[0], specs[1], int(seed or 0))
         except ValueError as exc:
             return html.P(str(exc), className="gl-error", id="cluster-error")
         return cluster_body(result)

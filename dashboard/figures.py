@@ -6,7 +6,6 @@ user learns it once.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.model.jsonable import is_missing
+from goodlens.model.schema import EventKind
 from goodlens.model.units import format_duration
 
 BUCKET_COLORS = {"productive": "#2ca02c", "straggler_wait": "#ff7f0e",
@@ -22,14 +23,14 @@ BUCKET_COLORS = {"productive": "#2ca02c", "straggler_wait": "#ff7f0e",
 RESTART_COLORS = {"detection": "#6a3d9a", "queue": "#8c6bb1", "init": "#9e9ac8",
                   "restore": "#bcbddc", "warmup": "#cbc9e2", "unattributed": "#dadaeb"}
 EVENT_STYLE = {  # kind: (label, colour, marker symbol)
-    "failure_detected": ("failure", "#d62728", "x"),
-    "attempt_end": ("attempt ended", "#d62728", "x-thin"),
-    "preempted": ("preempted", "#e377c2", "diamond"),
-    "ckpt_save_start": ("checkpoint", "#1f77b4", "line-ns"),
-    "rank_evicted": ("eviction", "#ff7f0e", "triangle-down"),
-    "rank_joined": ("rank joined", "#17becf", "triangle-up"),
-    "world_resized": ("resize", "#8c564b", "square"),
-    "straggler_flagged": ("straggler flagged", "#ff7f0e", "star"),
+    EventKind.FAILURE_DETECTED: ("failure", "#d62728", "x"),
+    EventKind.ATTEMPT_END: ("attempt ended", "#d62728", "x-thin"),
+    EventKind.PREEMPTED: (EventKind.PREEMPTED, "#e377c2", "diamond"),
+    EventKind.CKPT_SAVE_START: ("checkpoint", "#1f77b4", "line-ns"),
+    EventKind.RANK_EVICTED: ("eviction", "#ff7f0e", "triangle-down"),
+    EventKind.RANK_JOINED: ("rank joined", "#17becf", "triangle-up"),
+    EventKind.WORLD_RESIZED: ("resize", "#8c564b", "square"),
+    EventKind.STRAGGLER_FLAGGED: ("straggler flagged", "#ff7f0e", "star"),
 }
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
            "font": {"size": 12},
@@ -296,6 +297,6 @@ def _pct(v: float | None, wall: float) -> str:
 
 def pct(x: float | None, digits: int = 1) -> str:
     """``0.7623`` -> ``76.2%`` (``n/a`` for None/NaN)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if is_missing(x):
         return "n/a"
     return f"{100 * x:.{digits}f}%"

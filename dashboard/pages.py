@@ -7,15 +7,14 @@ element's ``title`` (the hover text): the page shows ``1h 31m``, the title ``548
 
 from __future__ import annotations
 
-import math
 from typing import Any
 from urllib.parse import quote
 
-import pandas as pd
 from dash import dcc, html
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
 from goodlens.dashboard import figures as fig
+from goodlens.model.jsonable import is_missing
 from goodlens.model.units import format_duration, format_instant
 
 PAGES = (("overview", "Overview"), ("ranks", "Ranks"), ("checkpoints", "Checkpoints"),
@@ -29,13 +28,13 @@ def run_href(run_id: str, page: str = "overview") -> str:
 
 
 def _utc(t: float | None) -> str:
-    if t is None or (isinstance(t, float) and math.isnan(t)):
+    if is_missing(t):
         return ""
     return format_instant(t, seconds=False)
 
 
 def _dur(v: float | None) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format_duration(v)
+    return "" if is_missing(v) else format_duration(v)
 
 
 def _table(header: list[str], rows: list[list[Any]], id: str | None = None,
@@ -290,9 +289,9 @@ def checkpoints_body(d: dict[str, Any]) -> html.Div:
         _card("Best interval", _dur(m.get("best_interval_s")) or "n/a", "ckpt-best"),
     ], className="gl-cards")
     last = t.tail(50).iloc[::-1]
-    rows = [[r.attempt, "" if pd.isna(r.step) else int(r.step),
-             "" if pd.isna(r.tier) else r.tier, _utc(r.start), _dur(r.stall_s), _dur(r.write_s),
-             "" if pd.isna(r.bytes) else f"{r.bytes / 1e9:,.2f} GB"]
+    rows = [[r.attempt, "" if is_missing(r.step) else int(r.step),
+             "" if is_missing(r.tier) else r.tier, _utc(r.start), _dur(r.stall_s), _dur(r.write_s),
+             "" if is_missing(r.bytes) else f"{r.bytes / 1e9:,.2f} GB"]
             for r in last.itertuples()]
     gain = m.get("gain_points")
     return html.Div([
@@ -361,7 +360,7 @@ def whatif_body(result: dict[str, Any], cal: Any) -> html.Div:
 
 
 def _na(v: Any) -> Any:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
+    return "" if is_missing(v) else v
 
 
 def _value(v: Any) -> str:

@@ -31,10 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from goodlens.exporter import RankExporter  # goodlens
 from goodlens.exporter import torch as gl  # goodlens
-from goodlens.exporter.recorder import RankExporter  # goodlens
 
 DIM = 32
 

@@ -21,13 +21,10 @@ Run ``python sample_data/generate.py`` to rewrite the trace.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from goodlens.model.trace import write_trace
 

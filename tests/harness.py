@@ -54,6 +54,9 @@ class ServerProcess:
     what = "server"
     log: Path
     proc: subprocess.Popen | None = None
+    cwd: Path = ROOT
+    env: dict[str, str] | None = None
+    """The child's environment (None: this process's)."""
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -63,7 +66,8 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0) -> Any:
         log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=log, stderr=log)
+        self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=self.env,
+                                     stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

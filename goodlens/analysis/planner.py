@@ -4,7 +4,7 @@ Why it exists: users ask how often to checkpoint and whether to shrink, wait for
 restart when nodes die, and want numbers rather than rules of thumb. These are first-order
 analytic models, cheap enough for a CLI or a dashboard; :mod:`goodlens.analysis.runsim.montecarlo`
 is the
-slower ground truth they are checked against (tests/test_planner.py). Seconds throughout;
+slower ground truth they are checked against (tests/unit/test_planner.py). Seconds throughout;
 "lost GPU-time" is in GPU-hours. Pure computation, no I/O.
 
 Interval (Kokolis et al.'s ETTR form, as

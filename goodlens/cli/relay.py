@@ -53,7 +53,8 @@ def relay(upstream: str, host: str, port: int, token: str | None, upstream_token
     it; while the collector is away pushes get 503, so exporters spill and retry as usual.
     Exporters start one themselves with GOODLENS_RELAY=1. GET /healthz shows the counters.
     """
-    from goodlens.collector.relay import RelayConfig, serve
+    from goodlens.collector.relay import RelayConfig
+    from goodlens.collector.relay_http import serve
 
     try:
         config = RelayConfig(upstream=upstream, host=host, port=port, token=token,

@@ -20,9 +20,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from goodlens.model.batch import Batch, BatchError, unit_hint, validate_batch
+from goodlens.model.batch import Batch, BatchError, decode_batch, unit_hint, validate_batch
 from goodlens.model.schema import STEP_COLUMNS
-from goodlens.model.wire import ARROW_TYPES, META_KEY
+from goodlens.model.wire import ARROW, ARROW_TYPES, JSON, META_KEY
 
 _COLUMNS = {c.name: c for c in STEP_COLUMNS}
 
@@ -96,3 +96,7 @@ def arrow_steps(table: pa.Table) -> pa.Table:
                 raise BatchError(f"{name} must be at most {col.maximum}{unit_hint(col)}", name)
         arrays.append(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr)
     return pa.Table.from_arrays(arrays, names=[c.name for c in STEP_COLUMNS])
+
+
+DECODERS = {JSON: decode_batch, ARROW: decode_arrow_batch}
+"""The push decoder for each accepted ``Content-Type`` (the collector's and the relay's)."""

@@ -11,8 +11,7 @@ clock of the host that recorded them; durations end in ``_s``. Byte counts are b
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 #: Version of the schema (wire batches, store and trace format). Bump on any breaking change.
 SCHEMA_VERSION = 1
@@ -135,79 +134,6 @@ STEP_KEY = ("run_id", "attempt", "rank", "step")
 EVENT_KEY = ("run_id", "source", "seq")
 
 
-def column_names(columns: tuple[Column, ...]) -> list[str]:
-    """Names of ``columns`` in order."""
-    return [c.name for c in columns]
-
-
-@dataclass
-class Run:
-    """A training job, identified by ``run_id`` across all its attempts."""
-
-    run_id: str
-    name: str | None = None
-    world_size: int | None = None
-    gpus_per_rank: int | None = None
-    global_batch: int | None = None
-    model_params: int | None = None
-    tags: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Attempt:
-    """One incarnation of a run, between a start and a failure, preemption or the end.
-
-    Derived by the store from events and step records: ``start`` is the attempt_start event
-    (or the first step when there is none), ``end`` the attempt_end/failure/preemption or the
-    last step seen, ``end_reason`` the cause (null while running).
-    """
-
-    run_id: str
-    attempt: int
-    start: float
-    end: float | None
-    end_reason: str | None
-
-
-@dataclass
-class StepRecord:
-    """One rank's timing of one step (see ``STEP_COLUMNS`` for units)."""
-
-    run_id: str
-    attempt: int
-    rank: int
-    step: int
-    start_time: float
-    duration_s: float
-    host: str | None = None
-    compute_s: float | None = None
-    collective_wait_s: float | None = None
-    data_wait_s: float | None = None
-    tokens: int | None = None
-    samples: int | None = None
-
-
-@dataclass
-class Event:
-    """Something that happened to the job (see ``EVENT_COLUMNS``)."""
-
-    run_id: str
-    source: str
-    seq: int
-    kind: str
-    time: float
-    attempt: int
-    rank: int | None = None
-    host: str | None = None
-    step: int | None = None
-    bytes: int | None = None
-    tier: str | None = None
-    cause: str | None = None
-    label: str | None = None
-    world_size: int | None = None
-    detail: str | None = None
-
-
 def data_model_markdown() -> str:
     """The data model as Markdown tables (``docs/data-model.md`` is generated from this)."""
     out = [f"Schema version: **{SCHEMA_VERSION}**.\n"]
@@ -226,28 +152,36 @@ def data_model_markdown() -> str:
 
 
 #: What each event kind means, and which fields it uses.
-KIND_DOCS: dict[str, str] = {
-    "attempt_start": "a new incarnation of the job started; `world_size` at launch",
-    "attempt_end": "an attempt ended; `cause`: completed, failed, preempted, resized (none: a "
-                   "clean end)",
-    "init_start": "initialisation began (process group, model, data loader)",
-    "init_end": "initialisation finished",
-    "ckpt_save_start": "a checkpoint save began (`step`, `tier`); training blocked from here",
-    "ckpt_save_blocking_end": "training continues; the rest of the save runs in the background",
-    "ckpt_save_durable_end": "the checkpoint is safely stored (`bytes`, `tier`)",
-    "ckpt_restore_start": "loading a checkpoint began (`step` restored, `tier` read from)",
-    "ckpt_restore_end": "loading finished (`bytes` read)",
-    "failure_detected": "a failure was detected (`cause`: gpu, network, hang, ...; `rank`/`host`)",
-    "rank_evicted": "a rank or node was removed (`rank`, `host`, `cause`)",
-    "rank_joined": "a rank (hot spare, repaired node) joined (`rank`, `host`)",
-    "world_resized": "elastic resize (`world_size` is the new size)",
-    "preempted": "the scheduler preempted the job",
-    "custom_begin": "a user-labelled interval began (`label`)",
-    "custom_end": "the user-labelled interval with the same `label` ended",
-    "heartbeat": "the rank's process is alive; `step` is the last step it recorded",
-    "straggler_flagged": "the collector's detector flagged a persistent straggler (`label` "
-                         "kind:subject, `rank` or `host`, `step` its first step, `detail` the "
-                         "finding as JSON)",
+KIND_DOCS: dict[EventKind, str] = {
+    EventKind.ATTEMPT_START: "a new incarnation of the job started; `world_size` at launch",
+    EventKind.ATTEMPT_END: (
+        "an attempt ended; `cause`: completed, failed, preempted, resized (none: a clean end)"
+    ),
+    EventKind.INIT_START: "initialisation began (process group, model, data loader)",
+    EventKind.INIT_END: "initialisation finished",
+    EventKind.CKPT_SAVE_START: (
+        "a checkpoint save began (`step`, `tier`); training blocked from here"
+    ),
+    EventKind.CKPT_SAVE_BLOCKING_END: (
+        "training continues; the rest of the save runs in the background"
+    ),
+    EventKind.CKPT_SAVE_DURABLE_END: "the checkpoint is safely stored (`bytes`, `tier`)",
+    EventKind.CKPT_RESTORE_START: "loading a checkpoint began (`step` restored, `tier` read from)",
+    EventKind.CKPT_RESTORE_END: "loading finished (`bytes` read)",
+    EventKind.FAILURE_DETECTED: (
+        "a failure was detected (`cause`: gpu, network, hang, ...; `rank`/`host`)"
+    ),
+    EventKind.RANK_EVICTED: "a rank or node was removed (`rank`, `host`, `cause`)",
+    EventKind.RANK_JOINED: "a rank (hot spare, repaired node) joined (`rank`, `host`)",
+    EventKind.WORLD_RESIZED: "elastic resize (`world_size` is the new size)",
+    EventKind.PREEMPTED: "the scheduler preempted the job",
+    EventKind.CUSTOM_BEGIN: "a user-labelled interval began (`label`)",
+    EventKind.CUSTOM_END: "the user-labelled interval with the same `label` ended",
+    EventKind.HEARTBEAT: "the rank's process is alive; `step` is the last step it recorded",
+    EventKind.STRAGGLER_FLAGGED: (
+        "the collector's detector flagged a persistent straggler (`label` kind:subject, `rank` "
+        "or `host`, `step` its first step, `detail` the finding as JSON)"
+    ),
 }
 
 

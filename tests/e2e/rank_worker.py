@@ -9,9 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from goodlens.exporter.recorder import RankExporter
 from goodlens.exporter.transport import Transport

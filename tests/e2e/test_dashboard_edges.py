@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from goodlens.analysis.accounting import report_dict
+from goodlens.analysis.report import report_dict
 from goodlens.analysis.runsim.config import SimConfig
 from goodlens.analysis.whatif import calibrate, what_if
 from goodlens.collector.replay import import_trace
@@ -234,7 +234,8 @@ def test_token_redirect_keeps_the_encoded_path(tmp_path: Path) -> None:
 def test_cluster_delta_of_equal_waits_has_no_sign() -> None:
     from goodlens.dashboard import cluster
     spec = cluster.policy_spec(cluster.DEFAULT_A)
-    rows = {r[0]: r for r in cluster.metric_rows(cluster.run_compare("test-64", spec, spec, 0))}
+    result = cluster.CompareCache().run("test-64", spec, spec, 0)
+    rows = {r[0]: r for r in cluster.metric_rows(result)}
     assert not rows["mean queue wait"][3].startswith("-")
 
 

@@ -6,6 +6,7 @@ get them), and an exporter that works in a training image without the server's p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT, Collector, http
+from tests.harness import ROOT, Collector, http, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +96,37 @@ def test_the_exporter_works_without_the_server_packages(tmp_path: Path, wire: st
         assert run["steps"] == 50, run
     finally:
         c.stop()
+
+
+def test_installed_from_the_wheel_the_dashboard_draws_every_graph(wheel: Path, tmp_path: Path,
+                                                                  dash_br) -> None:
+    """Not the editable tree: the wheel's files alone (a plain pip install of a pure-Python
+    wheel is these files in site-packages), served by `goodlens serve` from elsewhere."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    c = Collector(tmp_path / "s.duckdb", "--no-detect", "--load",
+                  str(ROOT / "sample_data" / "demo"))
+    c.cwd = tmp_path
+    c.env = {**os.environ, "PYTHONPATH": str(site)}
+    c.start(timeout=120)
+    try:
+        status, origin = http("GET", c.url + "/assets/keep_view.js")
+        assert status == 200 and "keepView" in origin
+        for page, graphs in (("", ("breakdown-graph", "series-graph", "timeline-graph")),
+                             ("/ranks", ("heatmap-graph", "host-graph"))):
+            dash_br.server_url = c.url + "/runs/demo-8x" + page
+            for gid in graphs:
+                dash_br.wait_for_element(f"#{gid} .main-svg", timeout=30)
+                assert wait_until(lambda gid=gid: dash_br.driver.execute_script(
+                    f"const g = document.querySelector('#{gid} .js-plotly-plot');"
+                    "return g && g.data ? g.data.length : 0;") > 0, timeout=30), (page, gid)
+        logs = [e for e in dash_br.get_logs() if e.get("level") == "SEVERE"]
+        assert logs == [], logs
+    finally:
+        c.stop()
+    # the same interpreter and environment import the wheel's files, not the repository's
+    where = subprocess.run([sys.executable, "-c", "import goodlens.dashboard.app as a, "
+                            "goodlens.collector.server as s; print(a.__file__); "
+                            "print(s.__file__)"], cwd=tmp_path, env=c.env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert all(p.startswith(str(site)) for p in where), where

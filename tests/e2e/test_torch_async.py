@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLOW_S = 0.5  # the slow writer's sleep: a lower bound of the background part
 N_FLOATS = 2_000_000  # 8 MB tensor: staging it takes measurable time
 # DCP's overhead over the tensors' raw bytes: each tensor is written with torch.save (a zip
@@ -72,7 +72,6 @@ def worker(out: Path, ckpt: Path, port: int) -> None:  # pragma: no cover - subp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    sys.path.insert(0, str(ROOT))
     from goodlens.exporter import torch as gl
 
     class SlowWriter(FileSystemWriter):

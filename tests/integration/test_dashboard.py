@@ -11,8 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from goodlens.analysis.accounting import BUCKETS, account_run, report_dict
+from goodlens.analysis.accounting import BUCKETS, account_run
 from goodlens.analysis.checkpoints import checkpoint_table
+from goodlens.analysis.report import report_dict
 from goodlens.analysis.runsim.config import SimConfig
 from goodlens.analysis.whatif import calibrate, what_if
 from goodlens.collector.replay import import_trace
@@ -23,7 +24,7 @@ from goodlens.dashboard.data import DashConfig, RunData
 from goodlens.model.batch import Batch, validate_batch
 from goodlens.storage.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_767_225_600.0
 
 
@@ -313,8 +314,9 @@ def test_cluster_page_pieces() -> None:
         assert (p.gang, p.topo, p.fair, p.preempt, p.spares) == (
             side["gang"], side["topo"], side["fair"], side["preempt"], side["spares"])
     a, b = cluster.policy_spec(cluster.DEFAULT_A), cluster.policy_spec(cluster.DEFAULT_B)
-    res = cluster.run_compare("test-64", a, b, 0)
-    assert cluster.run_compare("test-64", a, b, 0) is res  # cached
+    cache = cluster.CompareCache()
+    res = cache.run("test-64", a, b, 0)
+    assert cache.run("test-64", a, b, 0) is res  # cached
     f = cluster.node_hours_figure(res)
     for i, side in enumerate(("a", "b")):
         left = sum(t.y[i] for t in f.data if t.xaxis == "x")

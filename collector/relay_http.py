@@ -1,0 +1,113 @@
+"""Serving the per-host relay (:mod:`goodlens.collector.relay`) over HTTP: its Starlette app
+(``POST /v1/ingest``, ``GET /healthz``) and the uvicorn loop behind ``goodlens relay``, with
+an idle exit for relays the exporters start themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+import orjson
+
+from goodlens.collector.relay import (
+    Answer,
+    Relay,
+    RelayConfig,
+    answer,
+)
+from goodlens.collector.serving import serve_until_exit
+from goodlens.model.batch import BatchError
+from goodlens.model.batch_arrow import DECODERS
+
+log = logging.getLogger("goodlens.relay")
+
+
+def create_app(relay: Relay) -> Any:
+    """The relay's ASGI app: ``POST /v1/ingest`` and ``GET /healthz``."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    cfg = relay.config
+
+    def respond(ans: Answer) -> Response:
+        return Response(ans[1], ans[0], headers=ans[2], media_type="application/json")
+
+    def refuse(ans: Answer) -> Response:
+        relay.stats.rejected += 1
+        return respond(ans)
+
+    async def ingest(request: Request) -> Response:
+        header = request.headers.get("authorization", "")
+        if (err := relay.check_token(header)) is not None:
+            return refuse(err)
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        decode = DECODERS.get(ctype)
+        if decode is None:
+            return refuse(answer(415, {"error": f"content type {ctype} not supported; send "
+                                        f"{' or '.join(DECODERS)}", "field": "content-type"}))
+        too_large = answer(413, {"error": f"batch larger than {cfg.max_body_bytes} bytes; "
+                                  "send smaller batches", "field": None})
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
+            return refuse(too_large)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > cfg.max_body_bytes:
+                return refuse(too_large)
+        data = bytes(body)
+        try:
+            batch = await run_in_threadpool(decode, data)
+        except BatchError as exc:
+            return refuse(answer(exc.status, exc.as_dict()))
+        return respond(await relay.submit(batch, data, ctype, header))
+
+    async def healthz(request: Request) -> Response:
+        return Response(orjson.dumps(relay.health()), media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/ingest", ingest, methods=["POST"]),
+                             Route("/healthz", healthz, methods=["GET"])])
+
+
+def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning") -> Relay:
+    """Run the relay until SIGINT/SIGTERM (or ``idle_exit_s`` without a push); returns it.
+
+    ``ready``, if given, is called with the bound port once the relay accepts connections.
+    Pushes in flight at shutdown are still forwarded and answered.
+    """
+    import uvicorn
+
+    relay = Relay(config)
+    uconfig = uvicorn.Config(create_app(relay), host=config.host, port=config.port,
+                             log_level=log_level, access_log=False, lifespan="off",
+                             timeout_graceful_shutdown=2 * config.timeout_s + 1)
+    server = uvicorn.Server(uconfig)
+
+    def idle_exit() -> None:
+        if (config.idle_exit_s and relay.idle()
+                and time.monotonic() - relay.last_push > config.idle_exit_s):
+            log.info("relay: no push for %.0f s; exiting", config.idle_exit_s)
+            server.should_exit = True
+
+    # uvicorn shuts down on SIGINT/SIGTERM, then re-raises the signal with the handler that
+    # was there before it: make that one ask for the same clean stop (it also covers a
+    # signal arriving before uvicorn installed its own), so the caller gets the counters
+    def _stop(signum: int, frame: Any) -> None:
+        server.should_exit = True
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop)
+    try:
+        asyncio.run(serve_until_exit(server, ready, idle_exit))
+    finally:
+        relay.close()
+    return relay
