@@ -42,7 +42,7 @@ import numpy as np
 from goodlens.detectors.hangs import HangConfig, HangDetector, HangFinding
 from goodlens.detectors.stragglers import Finding, StragglerConfig, StragglerDetector, Topology
 from goodlens.model.batch import validate_batch
-from goodlens.model.schema import SCHEMA_VERSION
+from goodlens.model.schema import SCHEMA_VERSION, EventKind
 from goodlens.storage.reader import RunReader
 from goodlens.storage.writer import Writer
 
@@ -190,7 +190,7 @@ class DetectionService:
         with self._lock:
             self.findings.setdefault(run_id, []).append(f)
         source = f"detector/{f.attempt}/{f.subject_kind}/{f.subject_id}/{f.first_step}"
-        event = {"source": source, "seq": [0], "kind": ["straggler_flagged"],
+        event = {"source": source, "seq": [0], "kind": [EventKind.STRAGGLER_FLAGGED],
                  "time": [self._time_of(run_id, f)], "attempt": f.attempt or 0,
                  "step": [f.first_step], "label": [f"{f.subject_kind}:{f.subject_id}"],
                  "detail": [json.dumps(body, default=float)]}
@@ -204,7 +204,7 @@ class DetectionService:
     def _publish_hang(self, run_id: str, f: HangFinding, body: dict) -> None:
         attempt = max(a for r, a in self._hung if r == run_id)
         event = {"source": f"detector/hang/{attempt}", "seq": [0],
-                 "kind": ["failure_detected"], "time": [f.last_seen + f.timeout_s],
+                 "kind": [EventKind.FAILURE_DETECTED], "time": [f.last_seen + f.timeout_s],
                  "attempt": attempt, "cause": ["hang"],
                  "detail": [json.dumps(body, default=float)]}
         if self._store(run_id, event):

@@ -23,6 +23,7 @@ import pandas as pd
 from goodlens.analysis.accounting import account_run
 from goodlens.analysis.checkpoints import checkpoint_table
 from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stored_findings
+from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
 
@@ -133,8 +134,9 @@ class RunData:
         rep["attempts"] = [b.as_dict() for b in acc.by_attempt()]
         series = acc.goodput_series(points=self.config.series_points)
         events = self.store.events(run_id, kinds=[
-            "failure_detected", "attempt_end", "preempted", "rank_evicted", "rank_joined",
-            "world_resized", "straggler_flagged", "ckpt_save_start"])
+            EventKind.FAILURE_DETECTED, EventKind.ATTEMPT_END, EventKind.PREEMPTED,
+            EventKind.RANK_EVICTED, EventKind.RANK_JOINED, EventKind.WORLD_RESIZED,
+            EventKind.STRAGGLER_FLAGGED, EventKind.CKPT_SAVE_START])
         return {"run": run_id, "info": self.store.run(run_id), "report": rep,
                 "series": series, "attempts": self.store.attempts(run_id),
                 "events": _timeline_events(events)}
@@ -149,7 +151,8 @@ class RunData:
     def _checkpoints(self, run_id: str) -> dict[str, Any]:
         from goodlens.analysis.measured import measure_run
         table = checkpoint_table(self.store.events(run_id, kinds=[
-            "ckpt_save_start", "ckpt_save_blocking_end", "ckpt_save_durable_end"]))
+            EventKind.CKPT_SAVE_START, EventKind.CKPT_SAVE_BLOCKING_END,
+            EventKind.CKPT_SAVE_DURABLE_END]))
         m = measure_run(self.store, run_id)
         return {"run": run_id, "table": table, "measured": m.as_dict(),
                 "sentence": m.sentence()}
@@ -254,12 +257,13 @@ def _timeline_events(ev: pd.DataFrame) -> pd.DataFrame:
     not once per rank."""
     if not len(ev):
         return ev
-    ckpt = ev[ev.kind == "ckpt_save_start"].drop_duplicates(["attempt", "step", "tier"])
-    fail = ev[ev.kind == "failure_detected"].drop_duplicates(["attempt"])
-    rest = ev[~ev.kind.isin(["ckpt_save_start", "failure_detected", "attempt_end"])]
+    ckpt = ev[ev.kind == EventKind.CKPT_SAVE_START].drop_duplicates(["attempt", "step", "tier"])
+    fail = ev[ev.kind == EventKind.FAILURE_DETECTED].drop_duplicates(["attempt"])
+    rest = ev[~ev.kind.isin([EventKind.CKPT_SAVE_START, EventKind.FAILURE_DETECTED,
+                             EventKind.ATTEMPT_END])]
     # an attempt that ended with a cause other than completing (a crash it reported itself);
     # a clean end is the attempt bar's end, not a marker that reads like a failure
-    ends = ev[(ev.kind == "attempt_end") & ev.cause.notna()
+    ends = ev[(ev.kind == EventKind.ATTEMPT_END) & ev.cause.notna()
               & ~ev.cause.isin(["completed", "ended"])].drop_duplicates(["attempt"])
     return pd.concat([ckpt, fail, rest, ends]).sort_values("time").reset_index(drop=True)
 

@@ -25,7 +25,7 @@ RESTART_COLORS = {"detection": "#6a3d9a", "queue": "#8c6bb1", "init": "#9e9ac8",
 EVENT_STYLE = {  # kind: (label, colour, marker symbol)
     EventKind.FAILURE_DETECTED: ("failure", "#d62728", "x"),
     EventKind.ATTEMPT_END: ("attempt ended", "#d62728", "x-thin"),
-    EventKind.PREEMPTED: (EventKind.PREEMPTED, "#e377c2", "diamond"),
+    EventKind.PREEMPTED: ("preempted", "#e377c2", "diamond"),
     EventKind.CKPT_SAVE_START: ("checkpoint", "#1f77b4", "line-ns"),
     EventKind.RANK_EVICTED: ("eviction", "#ff7f0e", "triangle-down"),
     EventKind.RANK_JOINED: ("rank joined", "#17becf", "triangle-up"),

@@ -53,15 +53,17 @@ import numpy as np
 import pandas as pd
 
 from goodlens.model.jsonable import is_missing
+from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
 BUCKETS = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart", "other")
 RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattributed")
 #: Event kinds accounting reads (heartbeats, the most numerous, are not among them).
-ACCOUNTING_KINDS = ("attempt_start", "attempt_end", "failure_detected", "preempted",
-                    "ckpt_save_start", "ckpt_save_blocking_end", "ckpt_save_durable_end",
-                    "ckpt_restore_start", "ckpt_restore_end", "custom_begin", "custom_end",
-                    "world_resized")
+ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FAILURE_DETECTED,
+                    EventKind.PREEMPTED, EventKind.CKPT_SAVE_START,
+                    EventKind.CKPT_SAVE_BLOCKING_END, EventKind.CKPT_SAVE_DURABLE_END,
+                    EventKind.CKPT_RESTORE_START, EventKind.CKPT_RESTORE_END,
+                    EventKind.CUSTOM_BEGIN, EventKind.CUSTOM_END, EventKind.WORLD_RESIZED)
 _STEP_COLS = ["attempt", "step", "ref_start", "step_start", "duration_median",
               "compute_median", "compute_max", "compute_ranks", "ranks"]
 
@@ -311,9 +313,11 @@ class _Builder:
         self.measured_time = 0.0
         self.any_measured = False
         self.max_world = 0
-        self.blocking = _union(self._pairs("ckpt_save_start",
-                                           ("ckpt_save_blocking_end", "ckpt_save_durable_end")))
-        self.restores = _union(self._pairs("ckpt_restore_start", ("ckpt_restore_end",)))
+        self.blocking = _union(self._pairs(
+            EventKind.CKPT_SAVE_START,
+            (EventKind.CKPT_SAVE_BLOCKING_END, EventKind.CKPT_SAVE_DURABLE_END)))
+        self.restores = _union(self._pairs(EventKind.CKPT_RESTORE_START,
+                                           (EventKind.CKPT_RESTORE_END,)))
         self.custom: dict[str, np.ndarray] = {}
         for label, ivs in self._custom().items():
             self.custom[label] = _subtract(_union(ivs), self.blocking)
@@ -358,16 +362,16 @@ class _Builder:
 
     def _custom(self) -> dict[str, list[tuple[float, float]]]:
         ev = self.ev
-        if not len(ev) or not ev.kind.isin(["custom_begin", "custom_end"]).any():
+        if not len(ev) or not ev.kind.isin([EventKind.CUSTOM_BEGIN, EventKind.CUSTOM_END]).any():
             return {}
         labelled = ev.assign(label=ev.label.where(ev.label.notna() & (ev.label != ""),
                                                   "custom"))
         saved, self.ev = self.ev, labelled
         try:
             pairs = {}
-            for label in labelled[labelled.kind == "custom_begin"].label.unique():
+            for label in labelled[labelled.kind == EventKind.CUSTOM_BEGIN].label.unique():
                 self.ev = labelled[labelled.label == label]
-                pairs[str(label)] = self._pairs("custom_begin", ("custom_end",))
+                pairs[str(label)] = self._pairs(EventKind.CUSTOM_BEGIN, (EventKind.CUSTOM_END,))
             return pairs
         finally:
             self.ev = saved
@@ -422,7 +426,8 @@ class _Builder:
         times, worlds = [-np.inf], [float(steps.ranks.max()) if steps is not None and
                                     len(steps) else 0.0]
         if len(ev):
-            mine = ev[(ev.attempt == attempt) & ev.kind.isin(["attempt_start", "world_resized"])
+            mine = ev[(ev.attempt == attempt)
+                      & ev.kind.isin([EventKind.ATTEMPT_START, EventKind.WORLD_RESIZED])
                       & ev.world_size.notna()].sort_values("time")
             if len(mine):
                 worlds[0] = float(mine.world_size.iloc[0])

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from goodlens.model.schema import EventKind
+
 _COLUMNS = ["attempt", "step", "tier", "start", "stall_s", "write_s", "bytes", "ranks"]
 
 
@@ -26,19 +28,19 @@ def checkpoint_table(events: pd.DataFrame) -> pd.DataFrame:
     """
     if not len(events):
         return pd.DataFrame(columns=_COLUMNS)
-    ev = events[events.kind.isin(["ckpt_save_start", "ckpt_save_blocking_end",
-                                  "ckpt_save_durable_end"])]
+    ev = events[events.kind.isin([EventKind.CKPT_SAVE_START, EventKind.CKPT_SAVE_BLOCKING_END,
+                                  EventKind.CKPT_SAVE_DURABLE_END])]
     if not len(ev):
         return pd.DataFrame(columns=_COLUMNS)
     ev = ev.assign(step=ev.step.fillna(-1).astype("int64"), tier=ev.tier.fillna("").astype(str))
     key = ["attempt", "step", "tier"]
-    starts = ev[ev.kind == "ckpt_save_start"].groupby(key).agg(
+    starts = ev[ev.kind == EventKind.CKPT_SAVE_START].groupby(key).agg(
         start=("time", "min"), ranks=("source", "nunique"))
     if not len(starts):
         return pd.DataFrame(columns=_COLUMNS)
-    blocking = ev[ev.kind == "ckpt_save_blocking_end"].groupby(key).agg(
+    blocking = ev[ev.kind == EventKind.CKPT_SAVE_BLOCKING_END].groupby(key).agg(
         blocking_end=("time", "max"), blocking_bytes=("bytes", lambda b: b.sum(min_count=1)))
-    durable = ev[ev.kind == "ckpt_save_durable_end"].groupby(key).agg(
+    durable = ev[ev.kind == EventKind.CKPT_SAVE_DURABLE_END].groupby(key).agg(
         durable_end=("time", "max"), durable_bytes=("bytes", lambda b: b.sum(min_count=1)))
     t = starts.join(blocking).join(durable).reset_index()
     stall_end = t.blocking_end.where(t.blocking_end.notna(), t.durable_end)

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from goodlens.detectors.stragglers import Finding, Topology, detect_stragglers
+from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
 
@@ -48,7 +49,7 @@ def detect_run(source: RunReader, run_id: str) -> list[Finding]:
 def stored_findings(source: RunReader, run_id: str) -> list[dict[str, Any]]:
     """The findings the collector's live detector stored as ``straggler_flagged`` events,
     as dicts with :class:`~goodlens.detectors.stragglers.Finding`'s fields (in detection order)."""
-    ev = source.events(run_id, kinds=["straggler_flagged"])
+    ev = source.events(run_id, kinds=[EventKind.STRAGGLER_FLAGGED])
     out = []
     names = {f.name for f in dataclasses.fields(Finding)}
     for detail in ev.detail.dropna() if len(ev) else []:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from goodlens.analysis.accounting import account_run
+from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
 
@@ -96,16 +97,16 @@ def measure_run(source: RunReader, run_id: str, now: float | None = None) -> Mea
     acc = account_run(source, run_id, now=now)
     b = acc.breakdown()
     attempts = source.attempts(run_id)
-    ev = source.events(run_id, kinds=["ckpt_save_start", "ckpt_restore_start"])
+    ev = source.events(run_id, kinds=[EventKind.CKPT_SAVE_START, EventKind.CKPT_RESTORE_START])
     failures = int(attempts.end_reason.isin(["failed", "unknown"]).sum())
     restart = b.buckets["restart"] or 0.0
     uptime = max(0.0, b.wall_clock_s - restart)
-    saves = ev[ev.kind == "ckpt_save_start"].drop_duplicates(["attempt", "step", "tier"])
+    saves = ev[ev.kind == EventKind.CKPT_SAVE_START].drop_duplicates(["attempt", "step", "tier"])
     n_ckpt = len(saves)
     stall = (b.buckets["checkpoint_stall"] / n_ckpt) if n_ckpt else None
     gaps = np.diff(np.sort(saves.drop_duplicates(["attempt", "step"]).time.to_numpy()))
     interval = float(np.median(gaps)) if len(gaps) else None
-    restores = len(ev[ev.kind == "ckpt_restore_start"].drop_duplicates(["attempt"]))
+    restores = len(ev[ev.kind == EventKind.CKPT_RESTORE_START].drop_duplicates(["attempt"]))
     restore = (b.restart_parts["restore"] / restores) if restores else None
     # per failure: restart time less the first attempt's start-up, plus the partial step;
     # steps redone are the model's interval/2 and are not counted twice

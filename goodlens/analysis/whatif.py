@@ -26,6 +26,7 @@ from goodlens.analysis.measured import measure_run
 from goodlens.analysis.runsim.config import DAY, SimConfig
 from goodlens.analysis.runsim.montecarlo import monte_carlo
 from goodlens.model.jsonable import is_missing
+from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
 #: The policies the dashboard exposes (any SimConfig field can be changed from Python).
@@ -104,9 +105,9 @@ def calibrate(source: RunReader, run_id: str, now: float | None = None,
         kw["restore_s"] = m.restore_s
         prov["restore_s"] = "measured: mean per restore"
 
-    ck = checkpoint_table(source.events(run_id, kinds=["ckpt_save_start",
-                                                       "ckpt_save_blocking_end",
-                                                       "ckpt_save_durable_end"]))
+    ck = checkpoint_table(source.events(run_id, kinds=[EventKind.CKPT_SAVE_START,
+                                                       EventKind.CKPT_SAVE_BLOCKING_END,
+                                                       EventKind.CKPT_SAVE_DURABLE_END]))
     if m.interval_s:
         kw["interval_s"] = m.interval_s
         prov["interval_s"] = "measured: median time between saves"

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from goodlens.cli.common import Duration, StoreSpec, echo_json, get_json, open_store, read_run
-from goodlens.model.schema import SCHEMA_VERSION
+from goodlens.model.schema import SCHEMA_VERSION, EventKind
 from goodlens.model.units import format_duration, format_instant, parse_instant
 
 
@@ -66,7 +66,7 @@ def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cau
             raise click.BadParameter("is before the run's last activity", param_hint="--at")
     attempt = int(quiet["attempt"])
     doc = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "events": {
-        "source": f"goodlens/end-run/{attempt}", "seq": [0], "kind": ["failure_detected"],
+        "source": f"goodlens/end-run/{attempt}", "seq": [0], "kind": [EventKind.FAILURE_DETECTED],
         "time": [when], "attempt": attempt, "cause": [cause],
         "label": ["end-run"]}}
     if url:

@@ -40,7 +40,7 @@ from typing import Any
 from goodlens.exporter.assembler import Assembler, compact, popleft
 from goodlens.exporter.scopes import NULL_SCOPE, NullScope, Phases, PhaseScope, StepScope
 from goodlens.exporter.transport import ARROW, JSON, Transport, claim_spill
-from goodlens.model.schema import EVENT_COLUMNS, EVENT_KINDS, SCHEMA_VERSION
+from goodlens.model.schema import EVENT_COLUMNS, EVENT_KINDS, SCHEMA_VERSION, EventKind
 from goodlens.model.wire import encode_arrow_batch, encode_batch
 
 log = logging.getLogger("goodlens.exporter")
@@ -360,7 +360,7 @@ class RankExporter:
                     self._last_heartbeat = time.monotonic()
                 elif hb and time.monotonic() - self._last_heartbeat >= hb:
                     self._last_heartbeat = time.monotonic()
-                    self.event("heartbeat", step=self.last_step)
+                    self.event(EventKind.HEARTBEAT, step=self.last_step)
                 self._send_all()
             except Exception:
                 log.exception("goodlens: exporter thread error")

@@ -19,6 +19,7 @@ from goodlens.model.schema import (
     STEP_COLUMNS,
     STEP_KEY,
     Column,
+    EventKind,
 )
 
 SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}
@@ -29,7 +30,9 @@ RUN_NAMES = [c.name for c in RUN_COLUMNS]
 COLUMNS = {"steps": STEP_NAMES, "events": EVENT_NAMES}
 KEYS = {"steps": STEP_KEY, "events": EVENT_KEY}
 ORDER = {"steps": ("attempt", "step", "rank"), "events": ("time", "source", "seq")}
-_TERMINAL = "('attempt_end', 'failure_detected', 'preempted')"
+_K = EventKind
+#: Event kinds that end an attempt, as an SQL list (constants from the enum, never user text).
+_TERMINAL = f"('{_K.ATTEMPT_END}', '{_K.FAILURE_DETECTED}', '{_K.PREEMPTED}')"
 
 
 class SchemaMismatch(RuntimeError):
@@ -106,12 +109,12 @@ WITH s AS (
   FROM step_summaries GROUP BY run_id, attempt),
 e AS (
   SELECT run_id, attempt,
-    min(time) FILTER (WHERE kind = 'attempt_start') AS start_ev,
-    min(time) FILTER (WHERE kind <> 'heartbeat') AS first_ev,
+    min(time) FILTER (WHERE kind = '{_K.ATTEMPT_START}') AS start_ev,
+    min(time) FILTER (WHERE kind <> '{_K.HEARTBEAT}') AS first_ev,
     max(time) AS last_ev,
     min(time) FILTER (WHERE kind IN {_TERMINAL}) AS end_ev,
-    arg_min(CASE kind WHEN 'attempt_end' THEN coalesce(cause, 'ended')
-                      WHEN 'failure_detected' THEN 'failed' ELSE 'preempted' END, time)
+    arg_min(CASE kind WHEN '{_K.ATTEMPT_END}' THEN coalesce(cause, 'ended')
+                      WHEN '{_K.FAILURE_DETECTED}' THEN 'failed' ELSE 'preempted' END, time)
       FILTER (WHERE kind IN {_TERMINAL}) AS end_reason
   FROM events GROUP BY run_id, attempt),
 a AS (

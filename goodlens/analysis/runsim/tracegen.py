@@ -51,7 +51,7 @@ import pyarrow as pa
 
 from goodlens.analysis.runsim.config import SimConfig, SimResult
 from goodlens.analysis.runsim.trial import prepare, run_trial
-from goodlens.model.schema import EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
+from goodlens.model.schema import EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, EventKind
 from goodlens.model.trace import write_trace
 
 DEFAULT_EPOCH = 1_767_225_600.0
@@ -209,20 +209,20 @@ class _Gen:
         c, T, gpn = self.c, self.T, self.gpn
         kind, t, m_end, n = r["kind"], r["t"], r.get("m_end"), r["n"]
         src = f"node-0000/rank-0/attempt-{a}"
-        self.ev(LAUNCHER, "attempt_start", t, a, world_size=n * gpn)
+        self.ev(LAUNCHER, EventKind.ATTEMPT_START, t, a, world_size=n * gpn)
         if a and n != self.tl[a - 1]["n"]:
-            self.ev(LAUNCHER, "world_resized", t, a, world_size=n * gpn)
+            self.ev(LAUNCHER, EventKind.WORLD_RESIZED, t, a, world_size=n * gpn)
         cut = min(r.get("t_fail", math.inf) if m_end is None else math.inf, T)
         rs, R = t + r["init"], r["R"]
         if r["init"] > 0:
-            self.ev(src, "init_start", t, a)
+            self.ev(src, EventKind.INIT_START, t, a)
             if rs <= cut:
-                self.ev(src, "init_end", rs, a)
+                self.ev(src, EventKind.INIT_END, rs, a)
         tier = "memory" if r["from_mem"] else "durable"
         if r["restore"] > 0 and rs <= cut:
-            self.ev(src, "ckpt_restore_start", rs, a, step=R, tier=tier)
+            self.ev(src, EventKind.CKPT_RESTORE_START, rs, a, step=R, tier=tier)
             if rs + r["restore"] <= cut:
-                self.ev(src, "ckpt_restore_end", rs + r["restore"], a, step=R, tier=tier,
+                self.ev(src, EventKind.CKPT_RESTORE_END, rs + r["restore"], a, step=R, tier=tier,
                         bytes=self.bytes)
         if m_end is not None:
             ends = self.steps(a, r)
@@ -241,31 +241,32 @@ class _Gen:
             info = {"hang": bool(hang), "wide": bool(wide),
                     "failed_at": self.epoch + r["t_fail"]}
             if end <= T:
-                self.ev(LAUNCHER, "failure_detected", end, a, cause=cause, rank=node * gpn,
+                self.ev(LAUNCHER, EventKind.FAILURE_DETECTED, end, a, cause=cause, rank=node * gpn,
                         host=_host(node), detail=json.dumps(info))
             else:  # still undetected when the run ends: the attempt ends there
                 end = T
                 info.update(cause=cause, note="run ended before the failure was detected")
-            self.ev(LAUNCHER, "attempt_end", end, a, cause="failed", detail=json.dumps(info))
+            self.ev(LAUNCHER, EventKind.ATTEMPT_END, end, a, cause="failed",
+                    detail=json.dumps(info))
         elif kind in ("planned", "evict"):
             if kind == "planned":
-                self.ev(LAUNCHER, "preempted", end, a, cause="planned")
+                self.ev(LAUNCHER, EventKind.PREEMPTED, end, a, cause="planned")
             for i in r.get("evicted", ()):
                 e = self.ep[i]
                 for node in range(e["r0"] // gpn, (e["r1"] - 1) // gpn + 1):
-                    self.ev(LAUNCHER, "rank_evicted", end, a, rank=node * gpn,
+                    self.ev(LAUNCHER, EventKind.RANK_EVICTED, end, a, rank=node * gpn,
                             host=_host(node), cause="straggler",
                             detail=json.dumps({"episode_cause": e["cause"]}))
             # a durable save on notice, then the job goes (accounting: restart.queue)
-            self.ev(src, "ckpt_save_start", end, a, step=m_end, tier="durable",
+            self.ev(src, EventKind.CKPT_SAVE_START, end, a, step=m_end, tier="durable",
                     bytes=self.bytes)
-            self.ev(src, "ckpt_save_durable_end", end + c.write_s, a, step=m_end,
+            self.ev(src, EventKind.CKPT_SAVE_DURABLE_END, end + c.write_s, a, step=m_end,
                     tier="durable", bytes=self.bytes)
-            self.ev(LAUNCHER, "attempt_end", end, a, cause="preempted",
+            self.ev(LAUNCHER, EventKind.ATTEMPT_END, end, a, cause="preempted",
                     detail=json.dumps({"reason": "planned" if kind == "planned"
                                        else "straggler eviction"}))
         else:
-            self.ev(LAUNCHER, "attempt_end", end, a,
+            self.ev(LAUNCHER, EventKind.ATTEMPT_END, end, a,
                     cause="resized" if kind == "grow" else "completed")
         self.run_end = end
 
@@ -274,19 +275,20 @@ class _Gen:
         c, st = self.c, self.stall(k)
         tier = "durable" if k % self.p.kd == 0 else "memory"
         kw = dict(step=k, tier=tier, bytes=self.bytes)
-        self.ev(src, "ckpt_save_start", t0, a, **kw)
+        self.ev(src, EventKind.CKPT_SAVE_START, t0, a, **kw)
         if t0 + st > stop:
             return
         if c.ckpt_mode == "sync":  # blocks until durable
-            self.ev(src, "ckpt_save_durable_end", t0 + st, a, **kw)
+            self.ev(src, EventKind.CKPT_SAVE_DURABLE_END, t0 + st, a, **kw)
             return
-        self.ev(src, "ckpt_save_blocking_end", t0 + st, a, **kw)
+        self.ev(src, EventKind.CKPT_SAVE_BLOCKING_END, t0 + st, a, **kw)
         if tier == "memory":  # the peer copy is usable when the blocking part ends
-            self.ev(src, "ckpt_save_durable_end", t0 + st, a, **kw)
+            self.ev(src, EventKind.CKPT_SAVE_DURABLE_END, t0 + st, a, **kw)
             return
         td = t0 + max(c.write_s, st)  # the background write, reported by the writer thread
         if td <= stop:
-            self.ev(f"node-0000/ckpt-writer/attempt-{a}", "ckpt_save_durable_end", td, a, **kw)
+            self.ev(f"node-0000/ckpt-writer/attempt-{a}", EventKind.CKPT_SAVE_DURABLE_END, td,
+                    a, **kw)
 
     def steps(self, a: int, r: dict) -> np.ndarray:
         """The attempt's rank-step rows; returns the end of each step count from R.
