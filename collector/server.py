@@ -221,20 +221,23 @@ class CollectorApi:
         return _json({"run": plain(info), "attempts": records(attempts)})
 
     async def report(self, request: Request) -> Response:
-        """``GET /v1/report?run=&since=&until=``: the time accounting of ``goodlens report``."""
+        """``GET /v1/report?run=&since=&until=&exclude=&as_of=``: ``goodlens report``'s
+        accounting."""
         if (err := self.auth_error(request)) is not None:
             return err
         q = request.query_params
 
         def build() -> dict:
             return report_dict(self.store, q.get("run"), q.get("since"), q.get("until"),
-                               hang_floor_s=self.config.hang_floor_s)
+                               hang_floor_s=self.config.hang_floor_s,
+                               exclude=(q.get("exclude") or "").split(","),
+                               as_of=q.get("as_of"))
         try:
             rep = await run_in_threadpool(build)
         except KeyError as exc:
             return _json({"error": f"{exc.args[0]}; list runs at /v1/runs", "field": "run"}, 404)
         except ValueError as exc:
-            return _json({"error": str(exc), "field": "since/until"}, 422)
+            return _json({"error": str(exc), "field": "since/until/as_of"}, 422)
         return _json(rep)
 
     async def sync(self, request: Request) -> Response:

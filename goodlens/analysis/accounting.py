@@ -46,12 +46,21 @@ import itertools
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from goodlens.analysis.intervals import (
+    covers,
+    custom_intervals,
+    overlap,
+    pair_intervals,
+    subtract,
+    union,
+)
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
@@ -59,7 +68,8 @@ from goodlens.storage.reader import RunReader
 BUCKETS = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart", "other")
 RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattributed")
 #: Event kinds accounting reads (heartbeats, the most numerous, are not among them).
-ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FAILURE_DETECTED,
+ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FAILURE,
+                    EventKind.FAILURE_DETECTED,
                     EventKind.PREEMPTED, EventKind.CKPT_SAVE_START,
                     EventKind.CKPT_SAVE_BLOCKING_END, EventKind.CKPT_SAVE_DURABLE_END,
                     EventKind.CKPT_RESTORE_START, EventKind.CKPT_RESTORE_END,
@@ -93,6 +103,8 @@ class Breakdown:
     steps: dict[str, int] = field(default_factory=dict)
     """Step counts: ``kept``, ``recomputed``, ``incomplete`` (fewer ranks than the attempt's
     most), only in whole-run and per-attempt breakdowns."""
+    excluded: dict[str, float] = field(default_factory=dict)
+    """Seconds taken out of the wall-clock by name (``--exclude``); not in any bucket."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (what ``goodlens report --json`` prints)."""
@@ -130,13 +142,26 @@ class Accounting:
         self.attempt_spans = attempt_spans
         self.step_counts = step_counts
         self.measured = measured
+        self.failures: dict[str, int] = {"recorded": 0, "estimated": 0}
+        """Failures whose step in flight ran to a recorded ``failure`` instant, and those
+        where it was estimated as one median step (set by :func:`account`)."""
         # a run of zero length (or none at all) still has a start: its first attempt's
         self.start = float(seg_start[0]) if len(seg_start) else start
         self.end = float(self.seg_end[-1]) if len(seg_start) else start
 
+    def excluded_keys(self, exclude: Iterable[str] = ()) -> np.ndarray:
+        """Which account keys ``exclude`` names (a bool per key): a labelled interval
+        (``eval``, ``maintenance``: ``other:<label>``) or a named part of restart or other
+        (``queue``, ``detection``, ``since_last_step``...), by its name alone."""
+        names = {x.strip() for x in exclude if x and x.strip()}
+        return np.array([k.split(":", 1)[-1] in names and ":" in k for k in self.keys],
+                        dtype=bool)
+
     def breakdown(self, since: float | None = None, until: float | None = None,
-                  attempt: int | None = None) -> Breakdown:
-        """The breakdown of ``[since, until]`` (clipped to the run), or of one attempt."""
+                  attempt: int | None = None, exclude: Iterable[str] = ()) -> Breakdown:
+        """The breakdown of ``[since, until]`` (clipped to the run), or of one attempt;
+        the parts ``exclude`` names are taken out of the wall-clock entirely (their seconds
+        in ``excluded``)."""
         if attempt is not None:
             if attempt not in self.attempt_spans:
                 raise KeyError(f"run {self.run} has no attempt {attempt}")
@@ -146,12 +171,19 @@ class Accounting:
         if not hi > lo:
             lo = hi = lo if not math.isnan(lo) else 0.0
         overlap = np.clip(np.minimum(self.seg_end, hi) - np.maximum(self.seg_start, lo), 0, None)
+        out = self.excluded_keys(exclude)
         per_key = np.bincount(self.seg_key, weights=overlap, minlength=len(self.keys))
+        excluded = {k.split(":", 1)[1]: float(v) for k, v, x in
+                    zip(self.keys, per_key.tolist(), out) if x}
+        for name in exclude:
+            excluded.setdefault(name.strip(), 0.0)
+        overlap = np.where(out[self.seg_key], 0.0, overlap) if out.any() else overlap
+        per_key = np.where(out, 0.0, per_key)
         gpu_key = np.bincount(self.seg_key, weights=overlap * self.seg_gpus,
                               minlength=len(self.keys))
-        acc = dict(zip(self.keys, per_key.tolist()))
+        acc = {k: v for k, v, x in zip(self.keys, per_key.tolist(), out) if not x}
         gacc = dict(zip(self.keys, gpu_key.tolist()))
-        wall = float(hi - lo)
+        wall = float(hi - lo) - sum(excluded.values())
         buckets = {b: sum(v for k, v in acc.items() if k.split(":")[0] == b) for b in BUCKETS}
         if not self.measured:
             buckets["straggler_wait"] = None
@@ -171,11 +203,11 @@ class Accounting:
             gpu_seconds=gpu,
             straggler_wait_measured=(self.measured_time / self.step_time
                                      if self.step_time > 0 else 0.0),
-            in_progress=self.in_progress, attempt=attempt, steps=counts)
+            in_progress=self.in_progress, attempt=attempt, steps=counts, excluded=excluded)
 
-    def by_attempt(self) -> list[Breakdown]:
+    def by_attempt(self, exclude: Iterable[str] = ()) -> list[Breakdown]:
         """One breakdown per attempt (each attempt owns the time until the next one starts)."""
-        return [self.breakdown(attempt=a) for a in sorted(self.attempt_spans)]
+        return [self.breakdown(attempt=a, exclude=exclude) for a in sorted(self.attempt_spans)]
 
     def cumulative(self, times: np.ndarray) -> np.ndarray:
         """Seconds per account key from the run's start up to each of ``times``: an array
@@ -220,9 +252,10 @@ class Accounting:
 # ---------------------------------------------------------------------------- building
 def account_run(source: RunReader, run_id: str, now: float | None = None, *,
                 attempts: pd.DataFrame | None = None,
-                steps: pd.DataFrame | None = None) -> Accounting:
+                steps: pd.DataFrame | None = None, as_of: float | None = None) -> Accounting:
     """Account a stored run (``source``: a store's read API); ``attempts`` and ``steps``: the
-    run's attempts and step summaries when the caller has read them."""
+    run's attempts and step summaries when the caller has read them; ``as_of``: the run as
+    it was known at that instant (:func:`as_known_at`)."""
     info = source.run(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
@@ -236,12 +269,44 @@ def account_run(source: RunReader, run_id: str, now: float | None = None, *,
         attempts = source.attempts(run_id)
     if steps is None:
         steps = source.step_summaries(run_id)
+    if as_of is not None:
+        attempts, steps, ev = as_known_at(attempts, steps, ev, as_of)
+        now = as_of
     world, per_rank = info.get("world_size"), info.get("gpus_per_rank")
     spare = tags.get("spare_gpus") if isinstance(tags, dict) else 0
     return account(run_id, attempts, steps, ev,
                    world_size=None if is_missing(world) else int(world),
                    gpus_per_rank=1 if is_missing(per_rank) else int(per_rank) or 1,
                    spare_gpus=0 if is_missing(spare) else int(spare), now=now)
+
+
+def as_known_at(attempts: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,
+                t: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """A run's attempts, step summaries and events as they stood at instant ``t``: the
+    steps that had ended and the events that had happened by then, attempts started by
+    then, and an attempt that ended (or was found to have failed) after ``t`` still in
+    progress. So a window reads as it did during an incident, without the hindsight of
+    later rollbacks. Rows are taken as known when they happened (an exporter's delivery
+    delay, seconds, is not modelled). ValueError if the run had not started by ``t``."""
+    a = attempts[attempts.start.astype(float) <= t].copy() if len(attempts) else attempts
+    if not len(a):
+        raise ValueError("the run had not started at --as-of")
+    a = a.sort_values("attempt").reset_index(drop=True)
+    ended_later = a.end.isna().to_numpy() | (a.end.astype(float) > t).to_numpy()
+    # a failure inferred from a later attempt is unknown until that attempt starts
+    ended_later[-1] = ended_later[-1] or a.end_reason.iloc[-1] == "unknown"
+    a.loc[ended_later, "end"] = np.nan
+    a["end_reason"] = a.end_reason.astype(object)
+    a.loc[ended_later, "end_reason"] = None
+    a["last_activity"] = np.minimum(a.last_activity.astype(float).fillna(t), t)
+    if len(steps):
+        done = steps.step_end if "step_end" in steps else steps.step_start + \
+            steps.duration_median
+        steps = steps[(done.astype(float) <= t).to_numpy()
+                      & steps.attempt.isin(a.attempt).to_numpy()]
+    if len(events):
+        events = events[events.time.astype(float) <= t]
+    return a, steps, events
 
 
 def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,
@@ -285,8 +350,10 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
         counts[a] = c
         for k in counts[None]:
             counts[None][k] += c[k]
-    return b.finish(world_size, spare_gpus, in_progress, spans, counts,
-                    start=float(attempts.iloc[0]["start"]))
+    acc = b.finish(world_size, spare_gpus, in_progress, spans, counts,
+                   start=float(attempts.iloc[0]["start"]))
+    acc.failures = dict(b.failures)
+    return acc
 
 
 def _num(v: Any, default: float) -> float:
@@ -313,68 +380,17 @@ class _Builder:
         self.measured_time = 0.0
         self.any_measured = False
         self.max_world = 0
-        self.blocking = _union(self._pairs(
-            EventKind.CKPT_SAVE_START,
-            (EventKind.CKPT_SAVE_BLOCKING_END, EventKind.CKPT_SAVE_DURABLE_END)))
-        self.restores = _union(self._pairs(EventKind.CKPT_RESTORE_START,
-                                           (EventKind.CKPT_RESTORE_END,)))
+        self.blocking = union(pair_intervals(
+            self.ev, EventKind.CKPT_SAVE_START,
+            (EventKind.CKPT_SAVE_BLOCKING_END, EventKind.CKPT_SAVE_DURABLE_END), attempt_ends))
+        self.restores = union(pair_intervals(self.ev, EventKind.CKPT_RESTORE_START,
+                                             (EventKind.CKPT_RESTORE_END,), attempt_ends))
         self.custom: dict[str, np.ndarray] = {}
-        for label, ivs in self._custom().items():
-            self.custom[label] = _subtract(_union(ivs), self.blocking)
-
-    # -- events to intervals -------------------------------------------------
-    def _pairs(self, start_kind: str, end_kinds: tuple[str, ...]) -> list[tuple[float, float]]:
-        """Each start paired with the first end after it from the same emitter and attempt,
-        matching ``step`` and ``tier`` when both carry them (strictest match first; the
-        first end kind preferred); an unmatched start lasts until its attempt ends.
-        Vectorised: every rank of a 16k-rank job may emit its own checkpoint events."""
-        ev = self.ev
-        if not len(ev):
-            return []
-        cols = ["time", "source", "attempt", "step", "tier"]
-        ev = ev[cols].assign(step=ev.step.fillna(-1).astype("int64"),
-                             tier=ev.tier.fillna("").astype(str))
-        starts = ev[self.ev.kind.to_numpy() == start_kind].sort_values("time")
-        if not len(starts):
-            return []
-        starts = starts.reset_index(drop=True).assign(end=np.inf)
-        keysets = (["source", "attempt", "step", "tier"], ["source", "attempt", "tier"],
-                   ["source", "attempt"])
-        # strictest keys first over every end kind (the preferred kind first within a key
-        # set), so a loose match never steals the end that a strict one would have found
-        for by in keysets:
-            for kind in end_kinds:
-                ends = ev[self.ev.kind.to_numpy() == kind]
-                todo = np.isinf(starts.end.to_numpy())
-                if not len(ends) or not todo.any():
-                    continue
-                right = ends[["time", *by]].rename(columns={"time": "t_end"})
-                m = pd.merge_asof(starts.loc[todo, ["time", *by]], right.sort_values("t_end"),
-                                  left_on="time", right_on="t_end", by=by,
-                                  direction="forward")
-                found = m.t_end.notna().to_numpy()
-                idx = starts.index[todo][found]
-                starts.loc[idx, "end"] = m.t_end.to_numpy()[found]
-        # a start never matched (a crash mid-save) lasts until its attempt ends, no longer
-        ends = starts.attempt.map(self.attempt_ends).astype(float).fillna(np.inf).to_numpy()
-        end = np.where(np.isinf(starts.end.to_numpy()), ends, starts.end.to_numpy())
-        return list(zip(starts.time.astype(float), end.astype(float)))
-
-    def _custom(self) -> dict[str, list[tuple[float, float]]]:
-        ev = self.ev
-        if not len(ev) or not ev.kind.isin([EventKind.CUSTOM_BEGIN, EventKind.CUSTOM_END]).any():
-            return {}
-        labelled = ev.assign(label=ev.label.where(ev.label.notna() & (ev.label != ""),
-                                                  "custom"))
-        saved, self.ev = self.ev, labelled
-        try:
-            pairs = {}
-            for label in labelled[labelled.kind == EventKind.CUSTOM_BEGIN].label.unique():
-                self.ev = labelled[labelled.label == label]
-                pairs[str(label)] = self._pairs(EventKind.CUSTOM_BEGIN, (EventKind.CUSTOM_END,))
-            return pairs
-        finally:
-            self.ev = saved
+        for label, ivs in custom_intervals(self.ev, attempt_ends).items():
+            self.custom[label] = subtract(union(ivs), self.blocking)
+        self.failures = {"recorded": 0, "estimated": 0}
+        """How the step in flight at each failure was measured: up to a recorded ``failure``
+        instant, or estimated as one median step (no such event)."""
 
     def _key(self, name: str) -> int:
         if name not in self.key_ix:
@@ -410,7 +426,7 @@ class _Builder:
             mid = (lo + hi) / 2
             name = default
             for ivs, key in layers:
-                if _covers(ivs, mid):
+                if covers(ivs, mid):
                     name = key
                     break
             starts.append(lo)
@@ -470,27 +486,9 @@ class _Builder:
                   "incomplete": int((ranks < ranks.max()).sum())}
         # start-up: attempt start to first step
         self._paint(start, float(s[0]), a, gpus, restores, "restart:init")
-        # inside steps: warm-up (first step), checkpoint stall, straggler wait, the rest
-        warm = np.zeros(len(dur))
-        warm[0] = max(0.0, dur[0] - med)
-        stall = _overlap(self.blocking, s, e)
-        stall = np.minimum(stall, dur - warm)
-        cmax = st.compute_max.to_numpy(dtype=float)
-        cmed = st.compute_median.to_numpy(dtype=float)
-        measured = st.compute_ranks.to_numpy() > 0
-        sw = np.where(measured, np.nan_to_num(cmax - cmed, nan=0.0), 0.0)
-        sw = np.clip(sw, 0, dur - warm - stall)
-        sw = np.where(lost, 0.0, sw)
-        stall = np.where(lost, 0.0, stall)
-        rest = dur - warm - stall - sw
-        self.step_time += float(dur.sum())
-        self.measured_time += float(dur[measured].sum())
-        self.any_measured = self.any_measured or bool(measured.any())
-        k_rest = np.where(lost, self._key("recompute"), self._key("productive"))
-        parts = [(warm, np.full(len(s), self._key("restart:warmup"))),
-                 (stall, np.full(len(s), self._key("checkpoint_stall"))),
-                 (sw, np.full(len(s), self._key("straggler_wait"))),
-                 (rest, k_rest)]
+        # inside steps: warm-up (first step), checkpoint stall, labelled intervals (eval,
+        # ...), straggler wait, the rest
+        parts = self._inside_steps(st, s, e, dur, lost)
         offset = s.copy()
         for length, keys in parts:
             self._emit(offset.copy(), length, keys, a, gpus)
@@ -502,7 +500,7 @@ class _Builder:
         has_gap = gap_e > gap_s
         touched = np.zeros(len(gap_s), dtype=bool)
         for ivs, _ in layers:
-            touched |= _overlap(ivs, gap_s, gap_e) > 0
+            touched |= overlap(ivs, gap_s, gap_e) > 0
         plain = has_gap & ~touched
         self._emit(gap_s[plain], (gap_e - gap_s)[plain],
                    np.full(int(plain.sum()), self._key("other:unexplained")), a, gpus)
@@ -518,15 +516,62 @@ class _Builder:
         elif reason == "resized":  # a graceful elastic reconfiguration: nothing lost
             self._paint(last_end, end, a, gpus, layers, "restart:init")
         elif reason == "unknown":  # inferred from the next attempt: no detection time known
-            partial = min(med, end - last_end)
+            partial = self._partial(a, last_end, end, med)
             self._paint(last_end, last_end + partial, a, gpus, [], "recompute")
             self._paint(last_end + partial, end, a, gpus, [], "restart:unattributed")
         else:  # failed, preempted or another cause: partial step, detection, queue
-            partial = min(med, max(0.0, end_ev - last_end))
+            partial = self._partial(a, last_end, max(end_ev, last_end), med)
             self._paint(last_end, last_end + partial, a, gpus, [], "recompute")
             self._paint(last_end + partial, end_ev, a, gpus, [], "restart:detection")
             self._paint(max(end_ev, last_end), end, a, gpus, [], "restart:queue")
         return counts
+
+    def _partial(self, attempt: int, last_end: float, limit: float, med: float) -> float:
+        """The step in flight when ``attempt`` failed: from its last step's end to the
+        earliest ``failure`` instant recorded for it (a failure before that end: nothing in
+        flight), else estimated as one median step; never past ``limit``."""
+        ev = self.ev
+        room = max(0.0, limit - last_end)
+        if len(ev):
+            times = ev.time[(ev.kind == EventKind.FAILURE) & (ev.attempt == attempt)]
+            if len(times):
+                self.failures["recorded"] += 1
+                return min(room, max(0.0, float(times.min()) - last_end))
+        self.failures["estimated"] += 1
+        return min(med, room)
+
+    def _inside_steps(self, st: pd.DataFrame, s: np.ndarray, e: np.ndarray, dur: np.ndarray,
+                      lost: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each step's time as consecutive parts ``(lengths, account keys)``: checkpoint
+        stall and labelled intervals (``other:<label>``) inside it, then the first step's
+        warm-up (what is left of it beyond the attempt's other steps' median), straggler
+        wait, and the rest (productive, or recompute for a step a later attempt redid, which
+        keeps all of it)."""
+        n = len(dur)
+        stall = np.where(lost, 0.0, np.minimum(overlap(self.blocking, s, e), dur))
+        left = dur - stall
+        parts = [(stall, np.full(n, self._key("checkpoint_stall")))]
+        for label, ivs in self.custom.items():
+            inside = np.where(lost, 0.0, np.minimum(overlap(ivs, s, e), left))
+            if inside.any():
+                parts.append((inside, np.full(n, self._key(f"other:{label}"))))
+                left = left - inside
+        warm = np.zeros(n)
+        warm[0] = max(0.0, left[0] - (float(np.median(dur[1:])) if n > 1 else left[0]))
+        left = left - warm
+        parts.insert(0, (warm, np.full(n, self._key("restart:warmup"))))
+        cmax = st.compute_max.to_numpy(dtype=float)
+        cmed = st.compute_median.to_numpy(dtype=float)
+        measured = st.compute_ranks.to_numpy() > 0
+        sw = np.where(measured, np.nan_to_num(cmax - cmed, nan=0.0), 0.0)
+        sw = np.where(lost, 0.0, np.clip(sw, 0, left))
+        self.step_time += float(dur.sum())
+        self.measured_time += float(dur[measured].sum())
+        self.any_measured = self.any_measured or bool(measured.any())
+        parts.append((sw, np.full(n, self._key("straggler_wait"))))
+        parts.append((left - sw, np.where(lost, self._key("recompute"),
+                                          self._key("productive"))))
+        return parts
 
     def finish(self, world_size: int | None, spare_gpus: int, in_progress: bool,
                spans: dict, counts: dict, start: float) -> Accounting:
@@ -545,52 +590,3 @@ class _Builder:
 
 
 # ---------------------------------------------------------------------------- intervals
-def _union(ivs: list[tuple[float, float]]) -> np.ndarray:
-    """Sorted, merged intervals as an (n, 2) array."""
-    if not ivs:
-        return np.zeros((0, 2))
-    arr = sorted((a, b) for a, b in ivs if b > a)
-    out: list[list[float]] = []
-    for a, b in arr:
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return np.array(out) if out else np.zeros((0, 2))
-
-
-def _subtract(ivs: np.ndarray, minus: np.ndarray) -> np.ndarray:
-    """``ivs`` with the parts covered by ``minus`` removed (both merged and sorted)."""
-    out = []
-    for a, b in ivs:
-        cur = a
-        for c, d in minus:
-            if d <= cur or c >= b:
-                continue
-            if c > cur:
-                out.append((cur, c))
-            cur = max(cur, d)
-        if cur < b:
-            out.append((cur, b))
-    return np.array(out) if out else np.zeros((0, 2))
-
-
-def _covers(ivs: np.ndarray, t: float) -> bool:
-    if not len(ivs):
-        return False
-    i = int(np.searchsorted(ivs[:, 0], t, side="right")) - 1
-    return i >= 0 and ivs[i, 1] > t
-
-
-def _overlap(ivs: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of ``[a_i, b_i]`` covered by the merged intervals ``ivs`` (vectorised)."""
-    if not len(ivs) or not len(a):
-        return np.zeros(len(a))
-    finite = np.where(np.isinf(ivs[:, 1]), np.maximum(ivs[:, 0], np.max(b)), ivs[:, 1])
-    bounds = np.column_stack([ivs[:, 0], finite]).ravel()
-    cum = np.concatenate([[0.0], np.cumsum(np.where(np.arange(len(bounds) - 1) % 2 == 0,
-                                                     np.diff(bounds), 0.0))])
-
-    def covered_until(t: np.ndarray) -> np.ndarray:
-        return np.interp(t, bounds, cum, left=0.0, right=cum[-1])
-    return np.clip(covered_until(b) - covered_until(a), 0, None)

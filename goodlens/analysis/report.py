@@ -10,22 +10,26 @@ over the store's read API (:class:`goodlens.storage.reader.RunReader`).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from goodlens.analysis.accounting import account_run
+from goodlens.analysis.accounting import account_run, as_known_at
 from goodlens.model.jsonable import is_missing
 from goodlens.storage.reader import RunReader
 
 
 def report_dict(source: RunReader, run_id: str | None = None, since: str | float | None = None,
                 until: str | float | None = None, now: float | None = None,
-                hang_floor_s: float = 60.0) -> dict[str, Any]:
+                hang_floor_s: float = 60.0, exclude: Iterable[str] = (),
+                as_of: str | float | None = None) -> dict[str, Any]:
     """The report of one run (default: the most recently started), optionally a window:
     the run's breakdown plus one per attempt, as plain JSON-ready data (a run in progress
-    also gets its :func:`run_silence`, with the hang timeout's floor ``hang_floor_s``)."""
+    also gets its :func:`run_silence`, with the hang timeout's floor ``hang_floor_s``).
+    ``exclude`` takes named parts out of the wall-clock (``queue``, a custom label);
+    ``as_of`` reports the run as it was known at that instant."""
     from goodlens.model.units import parse_instant
 
     if run_id is None:
@@ -34,17 +38,36 @@ def report_dict(source: RunReader, run_id: str | None = None, since: str | float
             raise KeyError("the store holds no runs yet")
         run_id = str(runs.iloc[0].run_id)
     attempts, steps = source.attempts(run_id), source.step_summaries(run_id)
-    acc = account_run(source, run_id, now=now, attempts=attempts, steps=steps)
+    t = None
+    if as_of is not None:
+        if not len(attempts):
+            raise KeyError(f"no run {run_id!r}")
+        first = float(attempts.start.min())
+        last = float(np.nanmax(attempts[["start", "end", "last_activity"]].to_numpy(float)))
+        t = parse_instant(as_of, first, last)
+        now = t
+    acc = account_run(source, run_id, now=now, attempts=attempts, steps=steps, as_of=t)
     lo = parse_instant(since, acc.start, acc.end) if since is not None else None
     hi = parse_instant(until, acc.start, acc.end) if until is not None else None
     if lo is not None and hi is not None and hi < lo:
         raise ValueError("--until is before --since")
-    rep = acc.breakdown(lo, hi).as_dict()
-    rep["attempts"] = [b.as_dict() for b in acc.by_attempt()
+    exclude = [x for x in exclude if x]
+    rep = acc.breakdown(lo, hi, exclude=exclude).as_dict()
+    rep["attempts"] = [b.as_dict() for b in acc.by_attempt(exclude)
                        if lo is None and hi is None]
+    rep["partial_steps"] = {**acc.failures, "note": _PARTIAL_NOTE} if acc.failures[
+        "estimated"] else dict(acc.failures)
+    if t is not None:
+        rep["as_of"] = t
     if rep["in_progress"]:
+        if t is not None:
+            attempts, steps, _ = as_known_at(attempts, steps, pd.DataFrame(), t)
         rep["silence"] = run_silence(attempts, steps, now, hang_floor_s)
     return rep
+
+
+_PARTIAL_NOTE = ("no `failure` event says when these failures happened: the step in flight "
+                 "at each is estimated as one median step of recompute, the rest detection")
 
 
 def run_silence(attempts: pd.DataFrame, steps: pd.DataFrame, now: float | None = None,

@@ -18,7 +18,7 @@ from goodlens.cli.common import (
     table,
 )
 from goodlens.model.jsonable import plain, records
-from goodlens.model.units import format_duration
+from goodlens.model.units import format_duration, format_instant
 
 _RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
                 ("attempts", "attempts"), ("steps", "steps"), ("last_step", "last step"),
@@ -75,7 +75,8 @@ def report_text(rep: dict[str, Any]) -> str:
         return (f"{100 * v / wall:5.1f}%" if wall and v is not None else "    -")
     state = "in progress" if rep["in_progress"] else "ended"
     gpu = rep["gpu_time_goodput"]
-    lines = [f"run {rep['run']} ({state}): wall-clock {format_duration(wall)}",
+    when = (f" as of {format_instant(rep['as_of'])}" if rep.get("as_of") is not None else "")
+    lines = [f"run {rep['run']} ({state}{when}): wall-clock {format_duration(wall)}",
              f"goodput {100 * rep['goodput']:.1f}% of wall-clock"
              + (f", {100 * gpu:.1f}% of allocated GPU-time" if gpu is not None else ""), ""]
     rows = []
@@ -93,6 +94,14 @@ def report_text(rep: dict[str, Any]) -> str:
     if steps:
         lines.append(f"\nsteps: {steps.get('kept', 0)} kept, {steps.get('recomputed', 0)} "
                      f"recomputed, {steps.get('incomplete', 0)} with ranks missing")
+    out = {k: v for k, v in (rep.get("excluded") or {}).items()}
+    if out:
+        lines.append("excluded from the wall-clock: " + ", ".join(
+            f"{k} {format_duration(v)}" for k, v in out.items()))
+    partial = rep.get("partial_steps") or {}
+    if partial.get("estimated"):
+        lines.append(f"{partial['estimated']} failure(s) without a `failure` event: the step "
+                     "in flight at each is estimated (one median step of recompute)")
     if rep["buckets"]["straggler_wait"] is None:
         lines.append("straggler wait not measured: the exporter reported no compute/wait split "
                      "(use exp.phase('collective') or the PyTorch integration)")
@@ -124,30 +133,42 @@ def report_text(rep: dict[str, Any]) -> str:
 @click.option("--since", help="Window start: epoch s, ISO time, +2h (into the run), -30m (before "
                               "its end).")
 @click.option("--until", help="Window end, same forms as --since.")
+@click.option("--exclude", "excludes", multiple=True, metavar="NAME[,NAME]",
+              help="Take these out of the wall-clock entirely: a custom interval's label "
+                   "(maintenance, debug) or a named part (queue: the scheduler's, not the "
+                   "job's). Repeatable or comma-separated.")
+@click.option("--as-of", "as_of", help="Report the run as it was known at this instant (same "
+                                      "forms as --since): only the steps and events of "
+                                      "until then, so no later rollback re-files time.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def report(db: str | None, url: str | None, token: str | None, run_id: str | None,
-           since: str | None, until: str | None, as_json: bool) -> None:
+           since: str | None, until: str | None, excludes: tuple[str, ...],
+           as_of: str | None, as_json: bool) -> None:
     """Where the wall-clock went: goodput and every bucket, per run, attempt and window.
 
     Buckets: productive, straggler_wait, checkpoint_stall, recompute, restart (detection,
-    queue, init, restore, warmup, unattributed) and other. They sum to the wall-clock.
+    queue, init, restore, warmup, unattributed) and other. They sum to the wall-clock
+    (less what --exclude takes out).
     """
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH or --url URL")
+    exclude = [x.strip() for e in excludes for x in e.split(",") if x.strip()]
     if url:
         import urllib.parse
-        q = {k: v for k, v in (("run", run_id), ("since", since), ("until", until)) if v}
+        q = {k: v for k, v in (("run", run_id), ("since", since), ("until", until),
+                               ("exclude", ",".join(exclude)), ("as_of", as_of)) if v}
         rep = get_json(url.rstrip("/") + "/v1/report?" + urllib.parse.urlencode(q), token)
     else:
         from goodlens.analysis.report import report_dict
         store = open_store(db)
         try:
             try:
-                rep = report_dict(store, run_id, since, until)
+                rep = report_dict(store, run_id, since, until, exclude=exclude, as_of=as_of)
             except KeyError as exc:
                 raise click.ClickException(str(exc.args[0])) from None
             except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint="--since/--until") from None
+                raise click.BadParameter(str(exc), param_hint="--since/--until/--as-of") \
+                    from None
         finally:
             store.close()
     if as_json:

@@ -29,6 +29,7 @@ class EventKind(enum.StrEnum):
     CKPT_SAVE_DURABLE_END = "ckpt_save_durable_end"
     CKPT_RESTORE_START = "ckpt_restore_start"
     CKPT_RESTORE_END = "ckpt_restore_end"
+    FAILURE = "failure"
     FAILURE_DETECTED = "failure_detected"
     RANK_EVICTED = "rank_evicted"
     RANK_JOINED = "rank_joined"
@@ -168,6 +169,11 @@ KIND_DOCS: dict[EventKind, str] = {
     EventKind.CKPT_SAVE_DURABLE_END: "the checkpoint is safely stored (`bytes`, `tier`)",
     EventKind.CKPT_RESTORE_START: "loading a checkpoint began (`step` restored, `tier` read from)",
     EventKind.CKPT_RESTORE_END: "loading finished (`bytes` read)",
+    EventKind.FAILURE: (
+        "the instant a failure happened (`cause`, `rank`, `host`), recorded by whoever knew "
+        "first (the dying process, a surviving rank, the launcher); `failure_detected` is "
+        "when it was noticed"
+    ),
     EventKind.FAILURE_DETECTED: (
         "a failure was detected (`cause`: gpu, network, hang, ...; `rank`/`host`)"
     ),

@@ -134,6 +134,28 @@ def test_report_json_has_the_documented_fields(tmp_path):
     assert "no run 'x'" in run("report", "--db", db, "--run", "x", ok=False).output
 
 
+def test_report_exclude_and_as_of_on_the_demo(tmp_path):
+    db = str(tmp_path / "r.duckdb")
+    run("import", SAMPLE, "--db", db)
+    truth = json.loads((ROOT / "sample_data" / "demo" / "ground_truth.json").read_text())
+    wall, queue = truth["truth"]["wall_clock_s"], 120.0  # the recipe's 2 min in the queue
+    rep = json.loads(run("report", "--db", db, "--exclude", "queue,nothing", "--json").output)
+    assert rep["excluded"] == {"queue": pytest.approx(queue), "nothing": 0.0}
+    assert rep["wall_clock_s"] == pytest.approx(wall - queue, abs=0.01)
+    # the sample's recipe against the report: within 0.1% of wall-clock, as in test_sample_data
+    assert rep["goodput"] == pytest.approx(truth["truth"]["buckets"]["productive"]
+                                           / (wall - queue), abs=0.001 * wall / (wall - queue))
+    assert rep["goodput"] == pytest.approx(rep["buckets"]["productive"] / rep["wall_clock_s"])
+    assert "excluded from the wall-clock: queue 2m 00s" in run(
+        "report", "--db", db, "--exclude", "queue").output
+    early = json.loads(run("report", "--db", db, "--as-of", "+5m", "--json").output)
+    assert early["in_progress"] and early["wall_clock_s"] == pytest.approx(300.0)
+    assert early["buckets"]["recompute"] == 0.0  # the failure had not happened yet
+    assert "as of" in run("report", "--db", db, "--as-of", "+5m").output
+    bad = run("report", "--db", db, "--as-of", "-2h", ok=False)
+    assert bad.exit_code == 2 and "had not started" in bad.output
+
+
 def test_report_over_http_matches_the_file(collector, tmp_path):
     import orjson
 
@@ -146,6 +168,9 @@ def test_report_over_http_matches_the_file(collector, tmp_path):
     assert rep["buckets"]["productive"] == pytest.approx(3.0, abs=0.05)
     status, _body = http("GET", collector.url + "/v1/report?run=nope")
     assert status == 404
+    status, ex = http("GET", collector.url + "/v1/report?run=h&exclude=queue,eval&as_of=%2B1s")
+    assert status == 200 and ex["excluded"] == {"queue": 0.0, "eval": 0.0}
+    assert ex["as_of"] == pytest.approx(1001.0) and ex["wall_clock_s"] == pytest.approx(1.0)
 
 
 def test_instants():

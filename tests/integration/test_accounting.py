@@ -15,52 +15,7 @@ from hypothesis import strategies as st
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, account_run
 from goodlens.model.batch import validate_batch
 from goodlens.storage.store import Store
-
-T0 = 10_000.0
-
-
-class Run:
-    """Writes a synthetic run into a real store: ranks x steps plus events."""
-
-    def __init__(self, store: Store, run_id: str = "r", ranks: int = 4, **meta) -> None:
-        self.store, self.run_id, self.ranks = store, run_id, ranks
-        self.seq = 0
-        if meta:
-            store.write_group([validate_batch({"schema_version": 1, "run_id": run_id,
-                                               "run": meta})])
-
-    def steps(self, attempt: int, first: int, starts: list[float], dur: float = 1.0,
-              compute: dict[int, float] | None = None, split: bool = True,
-              skip: dict[int, list[int]] | None = None, offsets: dict[int, float] | None = None,
-              durs: list[float] | None = None) -> None:
-        """Steps first.. at ``starts``; rank r computes ``compute.get(r, 0.6)`` per step."""
-        compute = compute or {}
-        for r in range(self.ranks):
-            n = [first + i for i in range(len(starts)) if first + i not in (skip or {}).get(r, [])]
-            if not n:
-                continue
-            idx = [k - first for k in n]
-            d = [(durs[i] if durs else dur) for i in idx]
-            cols = {"attempt": attempt, "rank": r, "host": f"h{r}", "step": n,
-                    "start_time": [starts[i] + (offsets or {}).get(r, 0.0) for i in idx],
-                    "duration_s": d}
-            if split:
-                c = compute.get(r, 0.6)
-                cols["compute_s"] = [c] * len(n)
-                cols["collective_wait_s"] = [max(0.0, x - c) for x in d]
-            self.store.write_group([validate_batch({"schema_version": 1, "run_id": self.run_id,
-                                                    "steps": cols})])
-
-    def event(self, kind: str, t: float, attempt: int, **fields) -> None:
-        self.store.write_group([validate_batch({
-            "schema_version": 1, "run_id": self.run_id,
-            "events": {"source": "test", "seq": [self.seq], "kind": [kind], "time": [t],
-                       "attempt": attempt, **{k: [v] for k, v in fields.items()}}})])
-        self.seq += 1
-
-    def account(self, now: float | None = None):
-        self.store.summarize_dirty()
-        return account_run(self.store, self.run_id, now=now)
+from tests.timelines import T0, Run, check_invariants
 
 
 @pytest.fixture
@@ -68,14 +23,6 @@ def store(tmp_path):
     s = Store(tmp_path / "acc.duckdb")
     yield s
     s.close()
-
-
-def check_invariants(b) -> None:
-    values = [v for v in b.buckets.values() if v is not None]
-    assert all(v >= -1e-9 for v in values)
-    assert sum(values) == pytest.approx(b.wall_clock_s, rel=1e-12, abs=1e-9)
-    assert sum(b.restart_parts.values()) == pytest.approx(b.buckets["restart"], abs=1e-9)
-    assert sum(b.other_parts.values()) == pytest.approx(b.buckets["other"], abs=1e-9)
 
 
 def test_clean_run_with_a_straggler(store):

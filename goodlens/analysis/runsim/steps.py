@@ -130,7 +130,7 @@ class Ledger:
 
 def weighted_median(items: list[tuple[float, int]]) -> float:
     """np.median of values given as (value, count) pairs."""
-    if len(items) == 2 and items[1][1] >= 2:
+    if len(items) == 2 and items[0][1] == 1 and items[1][1] >= 2:
         return items[1][0]  # first step + >= 2 equal steps: the median is the latter
     items = sorted(items)
     total = sum(k for _, k in items)

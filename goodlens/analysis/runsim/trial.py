@@ -8,7 +8,8 @@ takes milliseconds. Every second lands in the buckets of ``goodlens.analysis.acc
 same rules
 (docs/accounting.md), so a trace written from a trial reports the same breakdown:
 
-- the first step of an attempt: its excess over the attempt's median step is restart.warmup;
+- the first step of an attempt: its excess over the attempt's other steps' median is
+  restart.warmup;
 - a failure: the steps since the checkpoint that survives it are recompute, as is the partial
   step (the time after the last step, up to one median step); the rest until detection is
   restart.detection (the tail is painted without layers, as accounting does, so a save at that
@@ -380,7 +381,8 @@ class Trial:
                 items.append((step_s, hi - count))
                 ent.append([count, hi, wait_s, step_s - wait_s, gpus])
         med = weighted_median(items)
-        warm = max(0.0, dur0 - med)
+        # warm-up: the first step's excess over the attempt's other steps (accounting's rule)
+        warm = max(0.0, dur0 - weighted_median(items[1:])) if len(items) > 1 else 0.0
         sw0 = min(self.first_wait_s, dur0 - warm)
         a, cnt, sched = self.seconds, self.counts, self.schedule
         a["warmup"] += warm
