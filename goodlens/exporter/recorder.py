@@ -40,6 +40,7 @@ from typing import Any
 from goodlens.exporter.assembler import Assembler, compact, popleft
 from goodlens.exporter.scopes import NULL_SCOPE, NullScope, Phases, PhaseScope, StepScope
 from goodlens.exporter.transport import ARROW, JSON, Transport, claim_spill
+from goodlens.model.jsonable import plain
 from goodlens.model.schema import EVENT_COLUMNS, EVENT_KINDS, SCHEMA_VERSION, EventKind
 from goodlens.model.wire import encode_arrow_batch, encode_batch
 
@@ -274,9 +275,7 @@ class RankExporter:
             log.warning("goodlens: ignoring event %r with fields %s (kinds: %s; fields: %s)",
                         kind, sorted(fields), sorted(EVENT_KINDS), sorted(_EVENT_FIELDS))
             return
-        for key, value in fields.items():
-            if hasattr(value, "item"):  # numpy scalars travel as plain Python values
-                fields[key] = value.item()
+        fields = {k: plain(v) for k, v in fields.items()}  # numpy scalars, NaN: plain values
         fields.setdefault("rank", self.rank)
         fields.setdefault("host", self.host)
         self._events.append((next(self._seq), kind, time.time() if time_s is None else time_s,

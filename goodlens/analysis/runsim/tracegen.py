@@ -51,6 +51,7 @@ import pyarrow as pa
 
 from goodlens.analysis.runsim.config import SimConfig, SimResult
 from goodlens.analysis.runsim.trial import prepare, run_trial
+from goodlens.model.jsonable import dumps
 from goodlens.model.schema import EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, EventKind
 from goodlens.model.trace import write_trace
 
@@ -113,17 +114,9 @@ def generate_trace(config: SimConfig, seed: int, out: str | Path | None, run_id:
                "clock_skew_s": clock_skew_s, "truth": truth, "findings": g.findings(),
                "config": asdict(c)}
         (path / "ground_truth.json").write_text(
-            json.dumps(doc, indent=2, default=_json_default) + "\n")
+            dumps(doc, indent=2) + "\n")
     return TraceResult(run_id, path, truth, g.findings(), tables, res, tables["steps"].num_rows,
                        seconds)
-
-
-def _json_default(v: Any) -> Any:
-    if isinstance(v, np.integer | np.floating | np.bool_):
-        return v.item()
-    if hasattr(v, "items"):
-        return dict(v)
-    raise TypeError(f"not JSON: {type(v).__name__}")
 
 
 class _Gen:
