@@ -130,6 +130,8 @@ class Ledger:
 
 def weighted_median(items: list[tuple[float, int]]) -> float:
     """np.median of values given as (value, count) pairs."""
+    if len(items) == 1:
+        return items[0][0]
     if len(items) == 2 and items[0][1] == 1 and items[1][1] >= 2:
         return items[1][0]  # first step + >= 2 equal steps: the median is the latter
     items = sorted(items)
