@@ -47,6 +47,7 @@ run: $(VENV)/.stamp-run
 
 test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-unit: $(VENV)/.stamp-test
@@ -54,7 +55,7 @@ test-unit: $(VENV)/.stamp-test
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e/test_packaging.py -k contracts
+	$(BIN)/lint-imports
 
 bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/exporter_hot_path.py

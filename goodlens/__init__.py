@@ -13,7 +13,8 @@ One import name, laid out as the data flows (``docs/architecture.md``):
 - ``goodlens.cli``: the ``goodlens`` command, the one place that wires the parts together.
 
 The folders ``collector/``, ``dashboard/`` and ``detectors/`` at the top of the repository are
-installed as ``goodlens.collector``, ``goodlens.dashboard`` and ``goodlens.detectors``.
+``goodlens.collector``, ``goodlens.dashboard`` and ``goodlens.detectors`` (``goodlens/collector``
+and its siblings are symbolic links to them).
 """
 
 __version__ = "0.2.0"
