@@ -155,17 +155,6 @@ def import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
         store.close()
 
 
-def instant(text: str | None, start: float, end: float, name: str) -> float | None:
-    """``--since``-style text as an instant of a run spanning ``start``..``end``."""
-    from goodlens.model.units import parse_instant
-    if text is None:
-        return None
-    try:
-        return parse_instant(text, start, end)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=name) from None
-
-
 def overrides(pairs: tuple[str, ...], config_type: Any = None,
                settable: Any = None) -> dict[str, Any]:
     """``--set field=value`` pairs typed like the dataclass field they name (default: the
@@ -187,6 +176,7 @@ def overrides(pairs: tuple[str, ...], config_type: Any = None,
 
 
 def typed_value(raw: str, typ: str, name: str) -> Any:
+    """``raw`` as the dataclass field type ``typ`` names (durations for ``*_s`` fields)."""
     try:
         if "bool" in typ:
             return raw.lower() in ("1", "true", "yes", "on")
