@@ -18,13 +18,6 @@ from goodlens.storage.store import Store
 from tests.timelines import T0, Run, check_invariants
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "acc.duckdb")
-    yield s
-    s.close()
-
-
 def test_clean_run_with_a_straggler(store):
     run = Run(store)
     run.event("attempt_start", T0, 0)

@@ -78,13 +78,6 @@ class Run:
         return account_run(self.store, self.run_id).breakdown()
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "mlg.duckdb")
-    yield s
-    s.close()
-
-
 def approx(x: float):
     return pytest.approx(x, abs=1e-6)
 

@@ -11,15 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodlens.analysis.report import report_dict
-from goodlens.storage.store import Store
 from tests.timelines import T0, Run, check_invariants
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "truth.duckdb")
-    yield s
-    s.close()
 
 
 def crash_mid_step(run: Run, failure_event: bool) -> None:

@@ -21,13 +21,6 @@ def events(run, source, seqs, kinds, times, attempt=0, **cols):
                                       "time": times, "attempt": attempt, **cols}})
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "s.duckdb")
-    yield s
-    s.close()
-
-
 def test_resent_batches_and_overlaps_add_nothing(store):
     r1 = store.write_group([batch("r", 0, [0, 1, 2]), batch("r", 1, [0, 1, 2])])
     assert [r.steps_inserted for r in r1] == [3, 3]
