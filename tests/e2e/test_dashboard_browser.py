@@ -34,6 +34,14 @@ def loaded(tmp_path_factory: pytest.TempPathFactory):
     c.stop()
 
 
+def _attr(dash_br, css: str, name: str = "title") -> str | None:
+    """One attribute of the element ``css`` read in a single script call: a live page
+    replaces elements as it redraws, so a handle found before the read can go stale."""
+    return dash_br.driver.execute_script(
+        "var e=document.querySelector(arguments[0]); return e ? e.getAttribute(arguments[1]) "
+        ": null;", css, name)
+
+
 def _no_console_errors(dash_br) -> None:
     logs = [e for e in dash_br.get_logs() if e.get("level") == "SEVERE"]
     assert logs == [], f"browser console errors: {logs}"
@@ -101,11 +109,12 @@ def test_whatif_control_updates_the_result(loaded: Collector, dash_br) -> None:
     box.send_keys(f"{current / 5:.2f}\n")  # the planner says much shorter is better here
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        el = dash_br.find_element("#whatif-summary")
-        if el.text != before and float(el.get_attribute("title")) != 0.0:
+        text = dash_br.driver.execute_script(
+            "var e=document.querySelector('#whatif-summary'); return e ? e.textContent : null;")
+        if text not in (before, None) and float(_attr(dash_br, "#whatif-summary") or 0) != 0.0:
             break
         time.sleep(0.3)
-    delta = float(dash_br.find_element("#whatif-summary").get_attribute("title"))
+    delta = float(_attr(dash_br, "#whatif-summary"))
     assert delta > 0.5, "a 5x shorter interval on this run should gain goodput points"
     # a value the simulator refuses gets an explanation, not a stack trace
     box = dash_br.find_element("#whatif-interval")
@@ -121,11 +130,10 @@ def test_live_run_refreshes(tmp_path: Path, dash_br) -> None:
         push_steps(c, "live", list(range(0, 20)))
         dash_br.server_url = c.url + "/runs/live"
         dash_br.wait_for_element("#headline-wall", timeout=30)
-        first = dash_br.find_element("#headline-wall").get_attribute("title")
+        first = _attr(dash_br, "#headline-wall")
         push_steps(c, "live", list(range(20, 60)))
-        wait_until(lambda: dash_br.find_element("#headline-wall").get_attribute("title")
-                   != first)
-        later = dash_br.find_element("#headline-wall").get_attribute("title")
+        wait_until(lambda: _attr(dash_br, "#headline-wall") not in (first, None))
+        later = _attr(dash_br, "#headline-wall")
         assert float(later.split()[0]) > float(first.split()[0]), "the page did not refresh"
         _no_console_errors(dash_br)
     finally:
@@ -159,10 +167,10 @@ def test_a_live_redraw_keeps_the_users_zoom(tmp_path: Path, dash_br) -> None:
         hidden = js + "return g.data.filter(t => t.visible === 'legendonly').map(t => t.name)"
         assert wait_until(lambda: len(dash_br.driver.execute_script(hidden)) == 1)
         gone = dash_br.driver.execute_script(hidden)  # the top legend entry: stacked last
-        first = dash_br.find_element("#headline-wall").get_attribute("title")
+        first = _attr(dash_br, "#headline-wall")
         push_steps(c, "live", list(range(60, 120)))
-        assert wait_until(lambda: dash_br.find_element("#headline-wall").get_attribute(
-            "title") != first), "the page did not refresh"
+        assert wait_until(lambda: _attr(dash_br, "#headline-wall") not in (first, None)), \
+            "the page did not refresh"
         assert wait_until(lambda: dash_br.driver.execute_script(js + view)[2] != zoomed[2]), \
             "the graph did not get the new data"
         time.sleep(1.5)  # a later tick (the version did not move) must not reset it either
