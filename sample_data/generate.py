@@ -48,7 +48,7 @@ def generate(out: Path) -> Path:
     steps: list[tuple] = []
     events: list[tuple] = []
     seq = {"launcher": 0}
-    log: list[tuple] = []  # (attempt, step, duration, per-rank compute): for the ground truth
+    log: list[tuple] = []  # (attempt, step, duration, per-rank compute, data wait): the truth
 
     def event(kind: str, t: float, attempt: int, **f: object) -> None:
         src = f.pop("source", "launcher")
@@ -68,7 +68,7 @@ def generate(out: Path) -> Path:
             data = rng.uniform(0.005, 0.015, RANKS)
             allreduce = 0.15
             dur = float((base + data).max() + allreduce)
-            log.append((attempt, n, dur, base.copy()))
+            log.append((attempt, n, dur, base.copy(), data))
             for r in range(RANKS):
                 h = r * HOSTS // RANKS
                 coll = dur - base[r] - data[r]
@@ -132,17 +132,21 @@ def ground_truth(log: list[tuple], end: float, detect_gap: float) -> dict:
                        "restart", "other"), 0.0)
     parts = dict.fromkeys(("detection", "queue", "init", "restore", "warmup",
                            "unattributed"), 0.0)
-    med = {a: float(np.median([d for x, _, d, _ in log if x == a])) for a in (0, 1)}
-    first = {a: min(n for x, n, _, _ in log if x == a) for a in (0, 1)}
-    for a, n, d, comp in log:
+    med = {a: float(np.median([x[2] for x in log if x[0] == a])) for a in (0, 1)}
+    first = {a: min(x[1] for x in log if x[0] == a) for a in (0, 1)}
+    stalled = 0.0
+    for a, n, d, comp, data in log:
         warm = max(0.0, d - med[a]) if n == first[a] else 0.0
         parts["warmup"] += warm
         if a == 0 and n >= 300:  # rolled back by attempt 1, which resumes at step 300
             b["recompute"] += d - warm
             continue
-        sw = min(float(comp.max() - np.median(comp)), d - warm)
+        ready = comp + data  # each rank's time to reach the all-reduce
+        sw = min(float(ready.max() - np.median(ready)), d - warm)
+        inp = min(float(data.min()), d - warm - sw)  # every rank waited on input this long
         b["straggler_wait"] += sw
-        b["productive"] += d - warm - sw
+        stalled += inp
+        b["productive"] += d - warm - sw - inp
     partial = min(med[0], detect_gap)
     b["recompute"] += partial
     parts["detection"] = detect_gap - partial
@@ -150,10 +154,12 @@ def ground_truth(log: list[tuple], end: float, detect_gap: float) -> dict:
     b["checkpoint_stall"] = 5 * CKPT_STALL
     b["restart"] = sum(parts.values())
     wall = end - T0
-    b["other"] = wall - sum(v for k, v in b.items() if k != "other")  # ~0: nothing else
+    # the input stall, and ~0 besides: nothing else
+    b["other"] = wall - sum(v for k, v in b.items() if k != "other")
     return {"run_id": RUN_ID, "seed": SEED, "generator": "sample_data/generate.py (hand-built)",
             "truth": {"run": RUN_ID, "wall_clock_s": wall, "goodput": b["productive"] / wall,
-                      "buckets": b, "restart_parts": parts},
+                      "buckets": b, "restart_parts": parts,
+                      "other_parts": {"input_stall": stalled}},
             "findings": [{"subject": "rank", "id": SLOW_RANK, "host": "node-1",
                           "first_step": SLOW_FROM, "slowdown": SLOWDOWN}]}
 

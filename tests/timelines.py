@@ -25,9 +25,14 @@ class Run:
     def steps(self, attempt: int, first: int, starts: list[float], dur: float = 1.0,
               compute: dict[int, float] | None = None, split: bool = True,
               skip: dict[int, list[int]] | None = None, offsets: dict[int, float] | None = None,
-              durs: list[float] | None = None) -> None:
-        """Steps first.. at ``starts``; rank r computes ``compute.get(r, 0.6)`` per step."""
+              durs: list[float] | None = None, data: dict[int, float] | None = None,
+              report: tuple[str, ...] = ("compute_s", "collective_wait_s")) -> None:
+        """Steps first.. at ``starts``; rank r computes ``compute.get(r, 0.6)`` per step,
+        waits ``data[r]`` for its data loader (ranks not in ``data`` report no data wait)
+        and for the collective what is left of the step; ``split`` False reports none of
+        these, and only the columns in ``report`` (with data_wait_s) are sent."""
         compute = compute or {}
+        data = data or {}
         for r in range(self.ranks):
             n = [first + i for i in range(len(starts)) if first + i not in (skip or {}).get(r, [])]
             if not n:
@@ -38,9 +43,12 @@ class Run:
                     "start_time": [starts[i] + (offsets or {}).get(r, 0.0) for i in idx],
                     "duration_s": d}
             if split:
-                c = compute.get(r, 0.6)
-                cols["compute_s"] = [c] * len(n)
-                cols["collective_wait_s"] = [max(0.0, x - c) for x in d]
+                c, w = compute.get(r, 0.6), data.get(r, 0.0)
+                split_cols = {"compute_s": [c] * len(n),
+                              "collective_wait_s": [max(0.0, x - c - w) for x in d]}
+                cols.update({k: v for k, v in split_cols.items() if k in report})
+                if r in data:
+                    cols["data_wait_s"] = [w] * len(n)
             self.store.write_group([validate_batch({"schema_version": 1, "run_id": self.run_id,
                                                     "steps": cols})])
 

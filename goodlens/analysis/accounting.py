@@ -5,11 +5,12 @@ run's end, or now while it runs) is cut into contiguous, non-overlapping segment
 one account (a bucket, or a part of one), so the buckets sum to wall-clock for the run, for
 each attempt and for any window, by construction. Rules (docs/accounting.md has examples):
 
-- **productive**: time of kept steps, minus the straggler wait and checkpoint stall in them.
-- **straggler wait**: per step, the slowest rank's compute time minus the median rank's
-  (``compute_max - compute_median`` of the step summary). When no rank reported a compute
-  split it is *not measured*: reported as None, never as a silent zero (the time stays in
-  productive), with the measured share of step time alongside.
+- **productive**: time of kept steps, minus the straggler wait, input stall and checkpoint
+  stall in them.
+- **straggler wait**: per step, the slowest rank's time to reach the collective minus the
+  median rank's (``ready_max - ready_median``; :mod:`goodlens.analysis.stepwaits`). When no
+  rank reported a compute/wait split it is *not measured*: reported as None, never as a
+  silent zero (the time stays in productive), with the measured share of step time alongside.
 - **checkpoint stall**: the union of blocking intervals (``ckpt_save_start`` to
   ``ckpt_save_blocking_end``; to ``ckpt_save_durable_end`` when there is no blocking end) that
   falls between or inside steps. Asynchronous saves stall only for their blocking part;
@@ -24,8 +25,9 @@ each attempt and for any window, by construction. Rules (docs/accounting.md has 
   ``unattributed`` (a failure inferred from a step number reappearing in a later attempt, with
   no event saying when it was detected). The first attempt's start-up counts here too.
 - **other**: everything else, never hidden: ``unexplained`` gaps between steps, user-labelled
-  ``custom_begin``/``custom_end`` intervals by label (eval, sdc_check, ...), ``shutdown`` after
-  the last step of a completed run, and ``since_last_step`` for a run in progress.
+  ``custom_begin``/``custom_end`` intervals by label (eval, sdc_check, ...), ``input_stall``
+  (the data wait every rank of a kept step had), ``shutdown`` after the last step of a
+  completed run, and ``since_last_step`` for a run in progress.
 
 Clocks: step times come from the step summaries' ``ref_start`` (the lowest reporting rank's
 clock, one reference clock per attempt) and the median rank's *duration*, so host clock
@@ -61,6 +63,7 @@ from goodlens.analysis.intervals import (
     subtract,
     union,
 )
+from goodlens.analysis.stepwaits import step_waits
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
@@ -75,7 +78,8 @@ ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FA
                     EventKind.CKPT_RESTORE_START, EventKind.CKPT_RESTORE_END,
                     EventKind.CUSTOM_BEGIN, EventKind.CUSTOM_END, EventKind.WORLD_RESIZED)
 _STEP_COLS = ["attempt", "step", "ref_start", "step_start", "duration_median",
-              "compute_median", "compute_max", "compute_ranks", "ranks"]
+              "compute_median", "compute_max", "compute_ranks", "ranks", "ready_median",
+              "ready_max", "ready_ranks", "data_wait_min"]
 
 
 @dataclass
@@ -314,8 +318,9 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
             now: float | None = None) -> Accounting:
     """Build the segments of one run from its attempts, step summaries and events."""
     attempts = attempts.sort_values("attempt").reset_index(drop=True)
-    steps = steps[_STEP_COLS].sort_values(["attempt", "step"]) if len(steps) else \
-        pd.DataFrame(columns=_STEP_COLS)
+    # summaries without a column (an older goodlens's, a frame built by hand) read it as null
+    steps = steps.reindex(columns=_STEP_COLS).sort_values(["attempt", "step"]) if len(steps) \
+        else pd.DataFrame(columns=_STEP_COLS)
     if attempts.empty:
         return _Builder(run_id, events, gpus_per_rank, {}).finish(
             world_size, spare_gpus, in_progress=False, spans={}, counts={}, start=math.nan)
@@ -487,12 +492,13 @@ class _Builder:
         # start-up: attempt start to first step
         self._paint(start, float(s[0]), a, gpus, restores, "restart:init")
         # inside steps: warm-up (first step), checkpoint stall, labelled intervals (eval,
-        # ...), straggler wait, the rest
+        # ...), input stall, straggler wait, the rest
         parts = self._inside_steps(st, s, e, dur, lost)
-        offset = s.copy()
-        for length, keys in parts:
-            self._emit(offset.copy(), length, keys, a, gpus)
-            offset += length
+        lo = s
+        for k, (length, keys) in enumerate(parts):  # boundaries shared exactly, the last at
+            hi = e if k + 1 == len(parts) else np.minimum(lo + length, e)  # the step's end
+            self._emit(lo, hi - lo, keys, a, gpus)
+            lo = hi
         # gaps between steps: checkpoint stall, custom labels, else unexplained
         layers = [(self.blocking, "checkpoint_stall")] + [
             (ivs, f"other:{label}") for label, ivs in self.custom.items()]
@@ -544,9 +550,9 @@ class _Builder:
                       lost: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each step's time as consecutive parts ``(lengths, account keys)``: checkpoint
         stall and labelled intervals (``other:<label>``) inside it, then the first step's
-        warm-up (what is left of it beyond the attempt's other steps' median), straggler
-        wait, and the rest (productive, or recompute for a step a later attempt redid, which
-        keeps all of it)."""
+        warm-up (what is left of it beyond the attempt's other steps' median), input stall
+        and straggler wait (:func:`~goodlens.analysis.stepwaits.step_waits`), and the rest
+        (productive, or recompute for a step a later attempt redid, which keeps all of it)."""
         n = len(dur)
         stall = np.where(lost, 0.0, np.minimum(overlap(self.blocking, s, e), dur))
         left = dur - stall
@@ -560,17 +566,15 @@ class _Builder:
         warm[0] = max(0.0, left[0] - (float(np.median(dur[1:])) if n > 1 else left[0]))
         left = left - warm
         parts.insert(0, (warm, np.full(n, self._key("restart:warmup"))))
-        cmax = st.compute_max.to_numpy(dtype=float)
-        cmed = st.compute_median.to_numpy(dtype=float)
-        measured = st.compute_ranks.to_numpy() > 0
-        sw = np.where(measured, np.nan_to_num(cmax - cmed, nan=0.0), 0.0)
-        sw = np.where(lost, 0.0, np.clip(sw, 0, left))
+        sw, inp, measured = step_waits(st, left, lost)
         self.step_time += float(dur.sum())
         self.measured_time += float(dur[measured].sum())
         self.any_measured = self.any_measured or bool(measured.any())
+        if inp.any():
+            parts.append((inp, np.full(n, self._key("other:input_stall"))))
         parts.append((sw, np.full(n, self._key("straggler_wait"))))
-        parts.append((left - sw, np.where(lost, self._key("recompute"),
-                                          self._key("productive"))))
+        parts.append((left - sw - inp, np.where(lost, self._key("recompute"),
+                                                self._key("productive"))))
         return parts
 
     def finish(self, world_size: int | None, spare_gpus: int, in_progress: bool,

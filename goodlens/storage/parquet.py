@@ -47,7 +47,9 @@ still present and summarises only the step ranges of the others (new ones, and c
 ones another store merged). It is exact because a segment enters a checkpoint's list only
 after its step ranges were marked dirty, and the list is taken before the summarising pass
 that clears them; a step summarised over more rows than the list names is recomputed from
-the views when those rows' segment turns up as uncovered.
+the views when those rows' segment turns up as uncovered. A checkpoint whose columns are
+not today's summary columns (saved by an earlier goodlens) is ignored, so its run is
+re-summarised from the segments.
 """
 
 from __future__ import annotations
@@ -410,6 +412,8 @@ class ParquetStore(SqlReader):
                 except (OSError, pa.ArrowException):
                     continue  # pruned by its writer meanwhile: the next best
                 if t.column_names != cols:
+                    # saved by an earlier goodlens (summary columns added since): its
+                    # segments stay unseen, so the rescan summarises them from the raw rows
                     continue
                 self._con.register("_ckpt", t)
                 try:

@@ -69,6 +69,13 @@ CREATE TABLE IF NOT EXISTS {prefix}events (
 """
 
 
+#: A rank's time to reach the step's collective (its *ready* time): the step time minus the
+#: time it was blocked in collectives when it reported that, else its compute plus its data
+#: wait; null when it reported neither. A rank starved by its data loader delays the
+#: all-reduce as a slow GPU does, so the straggler wait is measured on this, not on compute.
+READY = ("CASE WHEN collective_wait_s IS NOT NULL THEN duration_s - collective_wait_s "
+         "WHEN compute_s IS NOT NULL THEN compute_s + coalesce(data_wait_s, 0) END")
+
 #: The step summaries: per column its type, the aggregate over a step's rank rows that fills
 #: it, and what it means.
 SUMMARY_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
@@ -86,14 +93,22 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
     ("compute_max", "DOUBLE", "max(compute_s)", ""),
     ("compute_ranks", "BIGINT", "count(compute_s)",
      "ranks that reported a compute time (0: split not measured)"),
-    ("slowest_rank", "BIGINT", "arg_max(rank, coalesce(compute_s, duration_s))",
-     "rank with the longest compute (or duration if unmeasured)"),
-    ("slowest_host", "VARCHAR", "arg_max(host, coalesce(compute_s, duration_s))", ""),
+    ("ready_median", "DOUBLE", f"median({READY})", "median rank's time to reach the collective"),
+    ("ready_max", "DOUBLE", f"max({READY})", "slowest rank's time to reach the collective"),
+    ("ready_ranks", "BIGINT", f"count({READY})",
+     "ranks whose ready time is known (0: not measured)"),
+    ("slowest_rank", "BIGINT", f"arg_max(rank, coalesce({READY}, duration_s))",
+     "rank slowest to reach the collective (longest duration if unmeasured)"),
+    ("slowest_host", "VARCHAR", f"arg_max(host, coalesce({READY}, duration_s))", ""),
     ("collective_wait_median", "DOUBLE", "median(collective_wait_s)", ""),
     ("data_wait_median", "DOUBLE", "median(data_wait_s)", ""),
+    ("data_wait_min", "DOUBLE",
+     "CASE WHEN count(data_wait_s) = count(*) THEN min(data_wait_s) END",
+     "every rank waited for data at least this long (null unless every rank reported it)"),
     ("tokens", "BIGINT", "sum(tokens)", ""),
     ("samples", "BIGINT", "sum(samples)", ""),
 )
+SUMMARY_NAMES = [name for name, _, _, _ in SUMMARY_COLUMNS]
 
 #: The summaries of one step range. Parameters: run id, attempt, first and last step.
 SUMMARY_SELECT = f"""
@@ -101,6 +116,11 @@ SELECT {', '.join(expr for _, _, expr, _ in SUMMARY_COLUMNS)}
 FROM steps WHERE run_id = ? AND attempt = ? AND step BETWEEN ? AND ?
 GROUP BY run_id, attempt, step
 """
+
+#: Every stored step range of every run and attempt, as ``dirty`` rows (a migration that
+#: recomputes all summaries).
+ALL_STEP_RANGES = ("SELECT run_id, attempt, min(step), max(step) FROM steps "
+                   "GROUP BY run_id, attempt")
 
 _ATTEMPTS_VIEW = f"""
 CREATE OR REPLACE VIEW attempts AS
@@ -133,11 +153,13 @@ FROM a WINDOW w AS (PARTITION BY run_id ORDER BY attempt);
 """
 
 
-def _summary_ddl() -> str:
+def summary_ddl(create: str = "CREATE TABLE IF NOT EXISTS") -> str:
+    """The ``step_summaries`` table's DDL (``create``: ``CREATE TEMP TABLE`` for the shadow
+    copy of a read-only open)."""
     last = len(SUMMARY_COLUMNS) - 1
     cols = "\n  ".join(f"{name} {kind}{',' if i < last else ''}" + (f"  -- {doc}" if doc else "")
                        for i, (name, kind, _, doc) in enumerate(SUMMARY_COLUMNS))
-    return f"CREATE TABLE IF NOT EXISTS step_summaries (\n  {cols}\n);"
+    return f"{create} step_summaries (\n  {cols}\n);"
 
 
 #: What every store keeps next to its rows: its schema version, the step ranges awaiting
@@ -145,7 +167,7 @@ def _summary_ddl() -> str:
 DERIVED = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS dirty (run_id VARCHAR, attempt BIGINT, lo BIGINT, hi BIGINT);
-{_summary_ddl()}
+{summary_ddl()}
 {_ATTEMPTS_VIEW}"""
 
 

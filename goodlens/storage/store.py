@@ -47,6 +47,7 @@ from goodlens.storage.schema import (
     STEP_NAMES,
     SchemaMismatch,
     data_tables,
+    summary_ddl,
     upsert_run,
     version_mismatch,
 )
@@ -91,19 +92,46 @@ class Store(SqlReader):
                 self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)",
                                   [str(SCHEMA_VERSION)])
             self._check_version()
+            self._migrate()
         self._marks = Marks(self._con)
         self._known_runs = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
+
+    def _migrate(self) -> None:
+        """A file an earlier goodlens wrote keeps step summaries without the columns added
+        since (ready times, ``data_wait_min``), which only the raw rows can give: rebuild the
+        table with every column, mark every step range dirty (one transaction) and
+        summarise them now, so no read sees a summary without them."""
+        if not summaries.stale_columns(self._con):
+            return
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            self._con.execute("DROP TABLE step_summaries")
+            self._con.execute(DERIVED)
+            summaries.mark_all_dirty(self._con)
+            self._con.execute("COMMIT")
+        except BaseException:
+            self._con.execute("ROLLBACK")
+            raise
+        self.summarize_dirty()
 
     def _summarize_leftovers(self) -> None:
         """A file whose collector stopped before summarising everything (a crash, a kill)
         still has dirty step ranges: summarise them into temporary tables that shadow the
         stored ones (in every cursor this store hands out), so reads over the file are exact.
-        The file itself is not changed; the next collector to open it summarises for good."""
-        if not self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0]:
+        The file itself is not changed; the next collector to open it summarises for good.
+        A file an earlier goodlens wrote, whose summaries lack columns added since, has
+        every step summarised that way (until a writable open migrates it for good)."""
+        stale = bool(summaries.stale_columns(self._con))
+        if not stale and not self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0]:
             return
-        self._con.execute("CREATE TEMP TABLE step_summaries AS "
-                          "SELECT * FROM main.step_summaries")
-        self._con.execute("CREATE TEMP TABLE dirty AS SELECT * FROM main.dirty")
+        if stale:
+            self._con.execute(summary_ddl("CREATE TEMP TABLE"))
+            self._con.execute("CREATE TEMP TABLE dirty AS SELECT * FROM main.dirty LIMIT 0")
+            summaries.mark_all_dirty(self._con)
+        else:
+            self._con.execute("CREATE TEMP TABLE step_summaries AS "
+                              "SELECT * FROM main.step_summaries")
+            self._con.execute("CREATE TEMP TABLE dirty AS SELECT * FROM main.dirty")
         self.summarize_dirty()
         self._shadow = self._con.sql("SELECT * FROM step_summaries").to_arrow_table()
 

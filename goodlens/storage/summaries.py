@@ -6,16 +6,33 @@ step range it touched in ``dirty`` (in the same transaction, or right after a Pa
 segment is in place), and :func:`summarize_dirty` recomputes those ranges, over a DuckDB
 file's tables or a dataset's views alike. A crash between the two loses nothing: the dirty
 ranges are durable (or re-found by the dataset's rescan) and are summarised after restart.
+
+A file written by an earlier goodlens may keep summaries without the columns added since
+(:func:`stale_columns`); its summaries are then recomputed from the raw rows
+(:func:`mark_all_dirty`), since a new column's value cannot be derived from the old ones.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-from goodlens.storage.schema import SUMMARY_SELECT
+from goodlens.storage.schema import ALL_STEP_RANGES, SUMMARY_NAMES, SUMMARY_SELECT
 
 #: Raw rows summarised per statement (bounds the memory the medians need).
 SUMMARY_CHUNK_ROWS = 4_000_000
+_NAMES = ", ".join(SUMMARY_NAMES)
+
+
+def stale_columns(con: duckdb.DuckDBPyConnection, table: str = "step_summaries") -> list[str]:
+    """The summary columns ``table`` on ``con`` lacks (a file an earlier goodlens wrote);
+    empty when it is up to date."""
+    have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+    return [c for c in SUMMARY_NAMES if c not in have]
+
+
+def mark_all_dirty(con: duckdb.DuckDBPyConnection) -> None:
+    """Mark every stored step range of every run dirty."""
+    con.execute("INSERT INTO dirty " + ALL_STEP_RANGES)
 
 
 def summarize_dirty(con: duckdb.DuckDBPyConnection) -> int:
@@ -59,7 +76,7 @@ def _summarize_range(con: duckdb.DuckDBPyConnection, run_id: str, attempt: int, 
         params = [run_id, attempt, present[i], present[j - 1]]
         con.execute("DELETE FROM step_summaries WHERE run_id = ? AND attempt = ? "
                     "AND step BETWEEN ? AND ?", params)
-        total += con.execute("INSERT INTO step_summaries " + SUMMARY_SELECT,
+        total += con.execute(f"INSERT INTO step_summaries ({_NAMES}) " + SUMMARY_SELECT,
                              params).fetchall()[0][0]
         i = j
     return total

@@ -282,7 +282,10 @@ def random_runs(draw):
         attempts.append((first, starts, durs, events))
     compute_slow = draw(st.floats(0.0, 0.5))
     split = draw(st.booleans())
-    return attempts, compute_slow, split, t
+    # data waits: none, or every rank's (a job-wide input stall, rank 1 starved longer)
+    wait = draw(st.one_of(st.none(), st.floats(0.0, 1.0)))
+    data = None if wait is None else {0: wait, 1: 2 * wait, 2: wait}
+    return attempts, compute_slow, split, data, t
 
 
 @settings(max_examples=100, deadline=None,
@@ -290,13 +293,14 @@ def random_runs(draw):
 @given(data=random_runs(), cuts=st.lists(st.floats(0, 1), min_size=2, max_size=6))
 def test_buckets_are_nonnegative_and_sum_to_wall_clock_in_every_window(tmp_path_factory, data,
                                                                        cuts):
-    attempts, slow, split, end = data
+    attempts, slow, split, waits, end = data
     s = Store(tmp_path_factory.mktemp("prop") / "p.duckdb")
     try:
         run = Run(s, ranks=3)
         for a, (first, starts, durs, events) in enumerate(attempts):
             if starts:
-                run.steps(a, first, starts, durs=durs, compute={1: 0.01 + slow}, split=split)
+                run.steps(a, first, starts, durs=durs, compute={1: 0.01 + slow}, split=split,
+                          data=waits)
             for kind, t, fields in events:
                 run.event(kind, t, a, **fields)
         if s.run("r") is None or s.attempts("r").empty:

@@ -65,7 +65,8 @@ def test_summaries_match_numpy(store):
         doc["steps"]["compute_s"] = comp[r].tolist()
         doc["steps"]["duration_s"] = [1.0 + 0.1 * r] * 4
         doc["steps"]["start_time"] = [100.0 + 2 * s + 0.01 * r for s in range(4)]
-        doc["steps"]["collective_wait_s"] = (1.0 - comp[r]).tolist()
+        # blocked in the all-reduce for what is left after compute and a 0.02 s data wait
+        doc["steps"]["collective_wait_s"] = (1.0 + 0.1 * r - comp[r] - 0.02).tolist()
         batches.append(validate_batch(doc))
     store.write_group(batches[:3])
     store.write_group(batches[3:])  # ranks arrive in two groups
@@ -80,6 +81,38 @@ def test_summaries_match_numpy(store):
     np.testing.assert_allclose(df.step_end, [100.0 + 2 * s + 0.04 + 1.4 for s in range(4)])
     np.testing.assert_allclose(df.ref_start, [100.0 + 2 * s for s in range(4)])
     assert (df.compute_ranks == 5).all()
+    # time to reach the collective: duration - collective wait = compute + 0.02
+    np.testing.assert_allclose(df.ready_median, np.median(comp, axis=0) + 0.02)
+    np.testing.assert_allclose(df.ready_max, comp.max(axis=0) + 0.02)
+    assert (df.ready_ranks == 5).all()
+    np.testing.assert_allclose(df.data_wait_min, 0.02)
+
+
+def test_ready_time_falls_back_to_compute_plus_data_wait_and_data_wait_min_needs_all(store):
+    """Rank 0 reports collective wait (ready = 1.0 - 0.1), rank 1 compute and data wait only
+    (ready = 0.5 + 0.3), rank 2 compute only (0.7: no data wait, so no data_wait_min),
+    rank 3 nothing (not counted)."""
+    cols = {0: {"compute_s": None, "collective_wait_s": 0.1, "data_wait_s": 0.2},
+            1: {"compute_s": 0.5, "collective_wait_s": None, "data_wait_s": 0.3},
+            2: {"compute_s": 0.7, "collective_wait_s": None, "data_wait_s": None},
+            3: {"compute_s": None, "collective_wait_s": None, "data_wait_s": None}}
+    for r, c in cols.items():
+        doc = step_batch("r", r, [0])
+        for k, v in c.items():
+            if v is None:
+                del doc["steps"][k]
+            else:
+                doc["steps"][k] = [v]
+        store.write_group([validate_batch(doc)])
+    store.summarize_dirty()
+    row = store.step_summaries("r").iloc[0]
+    assert row.ready_ranks == 3
+    assert row.ready_max == pytest.approx(0.9)  # rank 0: 1.0 - 0.1
+    assert row.ready_median == pytest.approx(0.8)  # rank 1: 0.5 + 0.3
+    # the slowest is the arg max of ready time, else duration: rank 3 with its whole 1.0 s
+    assert row.slowest_rank == 3
+    assert np.isnan(row.data_wait_min)  # ranks 2 and 3 reported no data wait
+    assert row.compute_ranks == 2 and row.compute_max == pytest.approx(0.7)
 
 
 def test_summary_without_split_says_not_measured(store):

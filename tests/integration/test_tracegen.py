@@ -70,12 +70,19 @@ def assert_truth(name: str, res: TraceResult, b: dict) -> None:
     assert b["gpu_time_goodput"] == pytest.approx(t["gpu_time_goodput"], abs=TOL)
     assert b["steps"] == t["steps"]
     assert b["start"] == t["start"] and b["end"] == pytest.approx(t["end"], abs=TOL * wall)
+    assert b["other_parts"].get("input_stall", 0.0) == pytest.approx(
+        t["other_parts"].get("input_stall", 0.0), abs=TOL * wall)
     # the truth is itself a partition, and differs from the simulator's breakdown only by the
-    # realised straggler wait (against productive) and downtime after the last attempt
+    # realised straggler wait and the input stall (against productive) and downtime after
+    # the last attempt
     assert math.isclose(sum(t["buckets"].values()), wall, rel_tol=1e-9)
     sim = res.sim.buckets
     moved = t["buckets"]["straggler_wait"] - sim["straggler_wait"]
-    assert t["buckets"]["productive"] == pytest.approx(sim["productive"] - moved, abs=1e-6)
+    stalled = t["other_parts"].get("input_stall", 0.0)
+    assert t["buckets"]["productive"] == pytest.approx(sim["productive"] - moved - stalled,
+                                                       abs=1e-6)
+    assert t["buckets"]["other"] == pytest.approx(sim["other"] + stalled, abs=1e-6)
+    assert sum(t["other_parts"].values()) == pytest.approx(t["buckets"]["other"], abs=1e-6)
     down = res.sim.wall_clock_s - wall
     assert t["buckets"]["restart"] == pytest.approx(sim["restart"] - down, abs=1e-6)
 

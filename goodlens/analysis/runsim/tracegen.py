@@ -29,12 +29,15 @@ Model (on top of the simulator's, which fixes every step's start and duration):
   step rows are offset by up to ``clock_skew_s``; nothing recorded after ``duration_s`` is
   kept, and an attempt still running then ends there (``attempt_end``).
 
-Ground truth: the simulator's breakdown, with two corrections that make it exactly what the
-trace says. (1) Straggler wait is realised: per kept step, max rank compute minus the median
-rank's (numpy's median, which is DuckDB's), clipped to the step as accounting clips it; the
-difference from the simulator's expected wait moves to or from productive. (2) A run that
-ends while waiting to restart ends, in the trace, at its last attempt's end: that downtime
-leaves the wall-clock (and restart.queue, or restart.init after a grow).
+Ground truth: the simulator's breakdown, with three corrections that make it exactly what the
+trace says. (1) Straggler wait is realised: per kept step, the latest rank's time to reach the
+collective (compute + data wait) minus the median rank's (numpy's median, which is DuckDB's),
+clipped to the step as accounting clips it; the difference from the simulator's expected wait
+moves to or from productive. (2) Input stall: every rank's data wait has a floor (half the
+mean), so per kept step the smallest rank's data wait, clipped to what is left of the step,
+moves from productive to ``other.input_stall``. (3) A run that ends while waiting to restart
+ends, in the trace, at its last attempt's end: that downtime leaves the wall-clock (and
+restart.queue, or restart.init after a grow).
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ class _Gen:
         self.cols: dict[str, list[np.ndarray]] = {k: [] for k in (
             "attempt", "rank", "step", "start", "dur", "compute", "coll", "data")}
         self.events: list[tuple] = []
-        self.d_sw = self.d_gpu = 0.0
+        self.d_sw = self.d_gpu = self.input_stall = 0.0
         self.kept = self.lost = 0
         self.run_end = self.T
         firsts = [r["R"] if "m_end" in r else None for r in tl]
@@ -334,11 +337,15 @@ class _Gen:
         warm = np.zeros(ns)
         warm[0] = max(0.0, dur[0] - (float(np.median(dur[1:])) if ns > 1 else dur[0]))
         wsim[0] = min(wsim[0], dur[0] - warm[0])
-        sw = np.clip(comp.max(axis=1) - np.median(comp, axis=1), 0.0, dur - warm)
+        ready = comp + data  # time to reach the collective (= duration - collective wait)
+        sw = np.clip(ready.max(axis=1) - np.median(ready, axis=1), 0.0, dur - warm)
+        inp = np.clip(data.min(axis=1), 0.0, dur - warm - sw)  # every rank waited on input
         kept = step < self.rollback[a] if self.rollback[a] is not None else np.ones(ns, bool)
         diff = float(np.sum((sw - wsim)[kept]))
+        stalled = float(np.sum(inp[kept]))
         self.d_sw += diff
-        self.d_gpu += diff * ranks
+        self.input_stall += stalled
+        self.d_gpu += (diff + stalled) * ranks
         self.kept += int(kept.sum())
         self.lost += int(ns - kept.sum())
         rank = np.tile(np.arange(ranks, dtype=np.int64), ns)
@@ -360,7 +367,11 @@ class _Gen:
         c, T = self.c, self.T
         buckets, parts = dict(res.buckets), dict(res.restart_parts)
         buckets["straggler_wait"] += self.d_sw
-        buckets["productive"] -= self.d_sw
+        buckets["productive"] -= self.d_sw + self.input_stall
+        other = {"shutdown": buckets["other"]} if buckets["other"] > 0 else {}
+        if self.input_stall > 0:
+            other["input_stall"] = self.input_stall
+        buckets["other"] += self.input_stall
         down = T - self.run_end
         if down > 0:
             parts["init" if self.tl[-1]["kind"] == "grow" else "queue"] -= down
@@ -372,7 +383,7 @@ class _Gen:
                 "goodput": buckets["productive"] / wall,
                 "gpu_time_goodput": gpu_productive / (alloc * wall),
                 "buckets": buckets, "restart_parts": parts,
-                "other_parts": {"shutdown": buckets["other"]} if buckets["other"] > 0 else {},
+                "other_parts": other,
                 "steps": {"kept": self.kept, "recomputed": self.lost, "incomplete": 0}}
 
     def runs_table(self, run_id: str) -> pa.Table:
