@@ -3,17 +3,20 @@
 The detectors (``detectors/``) are pure statistics; this service feeds them as data arrives
 and acts on what they find, so a launcher can evict a slow node while the run goes on:
 
-- every ``interval_s`` it reads, per run and attempt, the per-rank compute of the steps that
-  completed since its last pass (through the store's read API, on its own thread) and
-  updates one :class:`~goodlens.detectors.stragglers.StragglerDetector` per run (it resets at each
-  new attempt; a rank still slow after a restart continues its finding, as in
+- every ``interval_s`` it reads, per run and attempt, each rank's time to reach the
+  collective (step minus collective wait) for the steps that completed since its last
+  pass (through the store's read API, on its own thread) and updates one
+  :class:`~goodlens.detectors.stragglers.StragglerDetector` per run (it resets at each new
+  attempt; a rank still slow after a restart continues its finding, as in
   ``goodlens detect``);
-- each new finding is stored as a ``straggler_flagged`` event (through the single writer;
-  its key is derived from the finding, so a restarted collector re-finding it adds nothing),
-  shown on ``/metrics`` (series only for flagged subjects: a bounded set), and pushed once
-  to an optional webhook (JSON POST) and an optional Python callback: only when its event
-  was new to the store, so a restarted collector replaying history, or a second collector
-  on the same Parquet dataset, does not push it again.
+- each finding the detector emits (``new``, then ``update`` when its estimate or action
+  moves, then ``resolved``) is stored as a ``straggler_flagged`` event (through the single
+  writer; keyed by the finding's id and its emission number, so a restarted collector
+  replaying the same steps adds nothing), shown on ``/metrics`` while open (series only for
+  open findings: a bounded set), and pushed to an optional webhook (JSON POST, with its
+  ``status`` and stable ``id``: an update is not a new finding) and an optional Python
+  callback: only when its event was new to the store, so a restarted collector replaying
+  history, or a second collector on the same Parquet dataset, does not push it again.
 
 A step is processed once a later step has been summarised (its ranks have reported); ranks
 still missing then are treated as not reporting (NaN), which the detector tolerates.
@@ -40,7 +43,13 @@ from typing import Any
 import numpy as np
 
 from goodlens.detectors.hangs import HangConfig, HangDetector, HangFinding
-from goodlens.detectors.stragglers import Finding, StragglerConfig, StragglerDetector, Topology
+from goodlens.detectors.stragglers import (
+    Finding,
+    StragglerConfig,
+    StragglerDetector,
+    Topology,
+    ready_column,
+)
 from goodlens.model.batch import validate_batch
 from goodlens.model.schema import SCHEMA_VERSION, EventKind
 from goodlens.storage.reader import RunReader
@@ -62,8 +71,9 @@ class DetectionService:
         self.config = config or StragglerConfig()
         self.webhook = webhook
         self.callback = callback
-        self.findings: dict[str, list[Finding]] = {}
-        """Findings so far, per run (read by /metrics)."""
+        self.findings: dict[str, dict[str, Finding]] = {}
+        """Per run, each finding's latest state by its id (read by /metrics)."""
+        self._seq: dict[tuple[str, str], int] = {}  # emissions so far per (run, finding id)
         self.hang_config = hang_config or HangConfig()
         self.live_window_s = live_window_s
         self._state: dict[tuple[str, int], int] = {}  # last step read per (run, attempt)
@@ -88,9 +98,10 @@ class DetectionService:
             self._thread.join(timeout)
 
     def flagged(self) -> dict[str, list[Finding]]:
-        """A copy of the findings per run."""
+        """Per run, the open findings (not resolved) in their latest state."""
         with self._lock:
-            return {r: list(f) for r, f in self.findings.items()}
+            return {r: [f for f in fs.values() if f.status != "resolved"]
+                    for r, fs in self.findings.items()}
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -153,7 +164,8 @@ class DetectionService:
             ends = (rows.start_time + rows.duration_s).to_numpy()
             for rank, t in zip(rows["rank"].to_numpy(), ends):
                 hd.observe(int(rank), float(t))
-        if not len(rows) or rows.compute_s.isna().all():
+        ready = ready_column(rows) if len(rows) else None
+        if ready is None or ready.isna().all():
             self._state[(run_id, attempt)] = done_through  # no split: nothing to score
             return []
         n_ranks = int(rows["rank"].max()) + 1
@@ -162,11 +174,11 @@ class DetectionService:
                 self.config, n_ranks, self._topology(rows, n_ranks, tags))
         found: list[Finding] = []
         dur = dict(zip(summaries.step, summaries.duration_median))
+        rows = rows.assign(ready_s=ready)
         for step, g in rows.groupby("step", sort=True):
-            compute = np.full(det.n, np.nan)
-            compute[g["rank"].to_numpy()] = g.compute_s.to_numpy(dtype=float)
-            found += det.update(int(step), compute, step_time_s=dur.get(step),
-                                attempt=attempt)
+            vec = np.full(det.n, np.nan)
+            vec[g["rank"].to_numpy()] = g.ready_s.to_numpy(dtype=float)
+            found += det.update(int(step), vec, step_time_s=dur.get(step), attempt=attempt)
         self._state[(run_id, attempt)] = done_through
         return found
 
@@ -188,11 +200,13 @@ class DetectionService:
             self._publish_hang(run_id, f, body)
             return
         with self._lock:
-            self.findings.setdefault(run_id, []).append(f)
-        source = f"detector/{f.attempt}/{f.subject_kind}/{f.subject_id}/{f.first_step}"
-        event = {"source": source, "seq": [0], "kind": [EventKind.STRAGGLER_FLAGGED],
-                 "time": [self._time_of(run_id, f)], "attempt": f.attempt or 0,
-                 "step": [f.first_step], "label": [f"{f.subject_kind}:{f.subject_id}"],
+            self.findings.setdefault(run_id, {})[f.id] = f
+            seq = self._seq.get((run_id, f.id), -1) + 1
+            self._seq[(run_id, f.id)] = seq
+        event = {"source": f"detector/{f.id}", "seq": [seq],
+                 "kind": [EventKind.STRAGGLER_FLAGGED], "time": [self._time_of(run_id, f)],
+                 "attempt": f.attempt or 0, "step": [f.last_step],
+                 "label": [f"{f.subject_kind}:{f.subject_id}"],
                  "detail": [json.dumps(body, default=float)]}
         if f.subject_kind == "rank":
             event["rank"] = [int(f.subject_id)]
@@ -245,5 +259,5 @@ class DetectionService:
 
     def _time_of(self, run_id: str, f: Finding) -> float:
         s = self.store.step_summaries(run_id, attempt=f.attempt)
-        row = s[s.step == f.detected_step]
+        row = s[s.step == f.last_step]
         return float(row.step_end.iloc[0]) if len(row) else float(s.step_end.max())

@@ -115,22 +115,28 @@ class GoodlensCollector(Collector):
         yield from (ratio, gpu, wall, bad, part)
 
     def _stragglers(self, flagged: dict) -> Iterator[Metric]:
-        """Series only for flagged subjects (a bounded set), never one per rank."""
-        count = GaugeMetricFamily("goodlens_run_ranks_flagged", "Ranks covered by straggler "
-                                  "findings", labels=["run"])
+        """Series only for open findings (a bounded set), never one per rank; each in its
+        latest state (the detector re-estimates a finding as it lasts)."""
+        count = GaugeMetricFamily("goodlens_run_ranks_flagged", "Ranks covered by open "
+                                  "straggler findings", labels=["run"])
         slow = GaugeMetricFamily("goodlens_straggler_slowdown_ratio", "Estimated slowdown of "
                                  "each flagged rank, host or switch",
                                  labels=["run", "kind", "subject", "action"])
         cost = GaugeMetricFamily("goodlens_straggler_wait_per_hour_seconds", "Wait a flagged "
                                  "subject costs per hour if left alone",
                                  labels=["run", "kind", "subject"])
+        waited = GaugeMetricFamily("goodlens_straggler_wait_seconds", "Wall-clock the job "
+                                   "has waited on a flagged subject since its onset",
+                                   labels=["run", "kind", "subject"])
         for run_id, findings in flagged.items():
             count.add_metric([run_id], float(len({r for f in findings for r in f.ranks})))
             latest = {(f.subject_kind, str(f.subject_id)): f for f in findings}  # per subject
             for f in latest.values():
                 slow.add_metric([run_id, f.subject_kind, str(f.subject_id), f.action], f.slowdown)
                 cost.add_metric([run_id, f.subject_kind, str(f.subject_id)], f.wait_per_hour_s)
-        yield from (count, slow, cost)
+                waited.add_metric([run_id, f.subject_kind, str(f.subject_id)],
+                                  f.straggler_wait_s)
+        yield from (count, slow, cost, waited)
 
     def _self_metrics(self, writer: Writer) -> Iterator[Metric]:
         st = writer.stats

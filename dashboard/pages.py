@@ -220,16 +220,17 @@ _FINDINGS_SOURCE = {
 def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
     """Heatmap, flagged stragglers with slowdown, cost and action, host and switch roll-up,
     by the id of the element each fills."""
-    f_rows = [[f"{f['subject_kind']} {f['subject_id']}", _na(f.get("attempt")),
-               f["first_step"], f["detected_step"],
+    f_rows = [[f"{f['subject_kind']} {f['subject_id']}", f.get("relative_to") or "",
+               _na(f.get("attempt")), f["first_step"], f["detected_step"],
                html.Td(fig.pct(f["slowdown"]), title=f"{f['slowdown']:.4f}"),
                _dur(f["straggler_wait_s"]), _dur(f["wait_per_hour_s"]),
                html.Td(f["action"], className=f"gl-action-{f['action']}"),
-               f"{f['confidence']:.2f}"]
+               f"{f['confidence']:.2f}",
+               "resolved" if f.get("status") == "resolved" else "open"]
               for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0))]
-    findings = (_table(["subject", "attempt", "from step", "detected at", "slowdown",
-                        "wait until flagged",
-                        "wait per hour", "action", "confidence"], f_rows, id="findings-table")
+    findings = (_table(["subject", "slower than", "attempt", "from step", "detected at",
+                        "slowdown", "wait so far", "wait per hour", "action", "confidence",
+                        "state"], f_rows, id="findings-table")
                 if f_rows else html.P("" if d["findings_source"] == "pending"
                                       else "No persistent straggler.", id="findings-none"))
     window = d.get("window")

@@ -1,76 +1,94 @@
-"""Persistent straggler detection: slow ranks, hosts and switches from per-rank compute time.
+"""Persistent straggler detection: slow ranks, hosts and switches an operator can act on.
 
 Why it exists: in synchronous training one rank running 5% slow makes the whole job 5% slow,
 with no error anywhere, and NVIDIA's per-window rule (reference median / rank median < 0.75)
-only sees slowdowns over about a third. Here each step's per-rank compute time becomes a robust
-score (log ratio to the step's median, in units of the cross-rank spread), and a one-sided
-CUSUM per rank accumulates it, so transient noise washes out and a small persistent excess
-crosses the threshold within a few tens of steps. A second CUSUM against each rank's own EWMA
-baseline catches drift (thermal onset) in a rank whose level differs from the rest. Flagged
-ranks are rolled up to their host and switch, so a degraded link behind one switch is one
-finding. Pure statistics: arrays or a frame in, :class:`Finding` dataclasses out.
+only sees slowdowns over about a third. What delays the collective is a rank's time to reach
+it (its step minus its collective wait: compute, data wait, anything else), so that is what
+is scored. Each subject is compared with its siblings one level up of the topology tree
+(:mod:`~goodlens.detectors.topology`): a rank with the other ranks of its host, a host with
+the other hosts behind its switch, a switch (or, without one, the top level) with a
+reference that leaves out what is already suspect, so a switch holding half the job does not
+move it. Per subject a one-sided CUSUM of the residual, in units of a robust noise scale
+(the level's cross-section spread, or the subject's own when it is noisier), accumulates
+evidence; one step's contribution is bounded and a finding needs several slow steps, so a
+GC pause or a data-loader hiccup never becomes a finding. A finding's slowdown is the mean
+excess since onset (it converges as the finding persists) and is re-estimated while it
+lasts: the detector emits ``new``, then ``update`` when the estimate or the action moves,
+then ``resolved``. Pure statistics: arrays or a frame in, :class:`Finding` dataclasses out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from goodlens.detectors.matrix import frame_matrix
+from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
+from goodlens.detectors.topology import Layout, Topology, group_median
+
+__all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topology",
+           "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
+
 _MAD_TO_SIGMA = 1.4826
+_MEDIAN_SE = 1.2533   # the standard error of a median of m normal values is ~1.2533 s / sqrt(m)
+_MEANDEV_TO_SIGMA = 1.2533   # sigma of a normal is sqrt(pi / 2) x its mean absolute deviation
+#: A subject's own noise scale learns from every 4th step after the first ``own_min_steps``
+#: (an EWMA of a slowly moving quantity; a quarter of the per-step cost at 16,384 ranks).
+_LEARN_EVERY = 4
 
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    """Tuning of :class:`StragglerDetector` (defaults suit 0.5-2% per-step compute noise)."""
+    """Tuning of :class:`StragglerDetector` (defaults suit 1-3% per-rank step-time noise)."""
 
     drift_k: float = 0.01
-    """CUSUM reference value as a relative slowdown: excess under ~1% (beyond noise) is
-    ignored. The effective value is ``max(drift_k, drift_k_sigmas x scale)``."""
+    """Excess ignored, as a relative slowdown: a subject under ~1% slower than its siblings
+    is not a straggler. The effective value is ``max(drift_k, drift_k_sigmas x scale)``."""
     drift_k_sigmas: float = 0.5
-    """Lower bound of the reference value in noise units, so noisy runs keep a negative drift
-    under the null (false alarms stay rare when noise is several times ``drift_k``)."""
+    """...and at least this many noise units, so the CUSUM drifts down under noise alone."""
     threshold_h: float = 25.0
-    """CUSUM decision threshold, in noise units (robust sigmas of the log ratio). 25 rather
-    than 20: at 16,384 ranks, 20 let a rare cluster of tail spikes and a short burst on one
-    rank cross about once per 10^8 rank-steps (``bench/detectors.py``)."""
+    """CUSUM decision threshold, in noise units."""
+    step_cap: float = 3.0
+    """Most one step may add to (or take from) a CUSUM, in noise units: a single 2x step adds
+    3, not 70, so a transient spike of 1-3 steps stays far under the threshold."""
+    persist_steps: int = 8
+    """Steps over the reference value since the excursion began before it can be a finding."""
     scale_floor: float = 0.005
-    """Floor of the robust noise scale (log units), so near-noiseless runs do not flag
-    sub-percent jitter."""
+    """Floor of every noise scale (log units): sub-percent jitter in a quiet run is no finding."""
     scale_alpha: float = 0.05
-    """EWMA weight of each step's cross-rank MAD in the running noise scale."""
+    """EWMA weight of each step's cross-section spread in a level's noise scale."""
+    own_alpha: float = 0.02
+    """EWMA weight of a subject's own deviation in its own noise scale."""
+    own_min_steps: int = 20
+    """Steps of a subject's own history before its own scale counts."""
     min_steps: int = 5
-    """Steps seen before any flag (the noise scale is still settling)."""
+    """Steps seen in an attempt before any flag."""
     min_ranks: int = 3
     """Fewest reporting ranks for a step to be scored at all."""
+    min_group: int = 3
+    """Fewest members for a host or switch to be scored against its siblings (with two, one
+    slow member and a slow parent look the same)."""
     cusum_cap: float = 3.0
-    """A CUSUM is capped at this many thresholds, so a recovered rank clears in bounded time."""
-    baseline_alpha: float = 0.01
-    """EWMA weight of a rank's own baseline (its log ratio to the median), for drift."""
-    baseline_steps: int = 50
-    """Steps of a rank's own history before its drift CUSUM may flag."""
-    hold_steps: int = 3
-    """Steps a crossing rank is held before it is reported, so its host/switch can roll up."""
-    group_h_fraction: float = 0.5
-    """A rank counts towards a host/switch roll-up once its CUSUM passes this share of h."""
-    host_fraction: float = 0.75
-    """Share of a host's ranks that must be suspect to report the host instead of ranks."""
-    switch_fraction: float = 0.75
-    """Share of the hosts behind a switch that must be suspect to report the switch."""
+    """A CUSUM is capped at this many thresholds, so a recovered subject clears in bounded time."""
+    suspect_fraction: float = 0.5
+    """A subject past this share of the threshold is suspect: its ranks leave the reference."""
     evict_min_slowdown: float = 0.05
-    """Recommend ``evict`` at this estimated slowdown or more (else ``watch``)."""
-    evict_min_steps: int = 3
-    """...and only when the excursion has lasted at least this many steps (persistent)."""
-    history_steps: int = 64
-    """Recent steps of per-rank scores kept to estimate a finding's slowdown (a median over
-    the steps since onset, robust to the few noise steps a CUSUM often starts with)."""
+    """Recommend ``evict`` at this estimated slowdown or more (else ``watch``)..."""
+    evict_min_steps: int = 20
+    """...once the finding has lasted this many steps."""
+    update_every: int = 10
+    """Fewest steps between two updates of one finding."""
+    update_change: float = 0.1
+    """Relative change of the slowdown estimate that makes an update (or the action changing)."""
+    resume_steps: int = 50
+    """After a restart, a subject flagged again within this many steps continues its finding;
+    one not flagged again by then is resolved."""
 
     def __post_init__(self) -> None:
-        positive = ("threshold_h", "scale_floor", "cusum_cap", "host_fraction",
-                    "switch_fraction", "scale_alpha", "baseline_alpha")
+        positive = ("threshold_h", "scale_floor", "cusum_cap", "step_cap", "scale_alpha",
+                    "own_alpha", "suspect_fraction", "update_change")
         for name in positive:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and np.isfinite(v) and v > 0):
@@ -79,137 +97,174 @@ class StragglerConfig:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and np.isfinite(v) and v >= 0):
                 raise ValueError(f"StragglerConfig.{name} must be >= 0, got {v!r}")
-        for name in ("min_steps", "min_ranks", "baseline_steps", "hold_steps",
-                     "evict_min_steps", "history_steps"):
+        for name in ("persist_steps", "own_min_steps", "min_steps", "evict_min_steps",
+                     "update_every", "resume_steps", "min_group", "min_ranks"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"StragglerConfig.{name} must be an int >= 0, got {v!r}")
-        for name in ("scale_alpha", "baseline_alpha", "group_h_fraction", "host_fraction",
-                     "switch_fraction"):
+        for name in ("scale_alpha", "own_alpha", "suspect_fraction"):
             if not getattr(self, name) <= 1:
                 raise ValueError(f"StragglerConfig.{name} must be <= 1")
         if self.cusum_cap <= 1:
             raise ValueError("StragglerConfig.cusum_cap must be > 1 (above the threshold)")
-        if self.history_steps < 1:
-            raise ValueError("StragglerConfig.history_steps must be >= 1")
         if self.min_ranks < 3:
             raise ValueError("StragglerConfig.min_ranks must be >= 3 (a median needs peers)")
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Where ranks run: ``rank_host[r]`` is a host index, ``host_switch[h]`` a switch index."""
-
-    rank_host: np.ndarray
-    """Host index of each rank (0..n_hosts-1)."""
-    host_names: tuple[str, ...]
-    """Name of each host index."""
-    host_switch: np.ndarray | None = None
-    """Switch index of each host, or None when switches are unknown."""
-
-    @classmethod
-    def from_hosts(cls, rank_hosts: Sequence[str], nodes_per_switch: int | None = None
-                   ) -> Topology:
-        """Build from each rank's host name; hosts are numbered by their lowest rank and host
-        k sits behind switch ``k // nodes_per_switch`` (the simulator's and a rail layout's)."""
-        names: dict[str, int] = {}
-        idx = np.array([names.setdefault(str(h), len(names)) for h in rank_hosts], np.int64)
-        sw = None
-        if nodes_per_switch is not None:
-            if nodes_per_switch < 1:
-                raise ValueError("nodes_per_switch must be >= 1")
-            sw = np.arange(len(names), dtype=np.int64) // nodes_per_switch
-        return cls(idx, tuple(names), sw)
-
-    @classmethod
-    def from_run(cls, rank_hosts: Sequence[str], tags: Mapping[str, Any] | None) -> Topology:
-        """From each rank's host and the run's tags: an explicit map
-        ``{"switch_of_host": {"node-0007": "leaf-3", ...}}`` (the topology map), else
-        ``{"nodes_per_switch": k}``, else hosts only (no switch roll-up)."""
-        tags = tags or {}
-        explicit = tags.get("switch_of_host")
-        if isinstance(explicit, Mapping) and explicit:
-            topo = cls.from_hosts(rank_hosts)
-            switches: dict[str, int] = {}
-            sw = np.array([switches.setdefault(str(explicit.get(h, f"?{h}")), len(switches))
-                           for h in topo.host_names], np.int64)
-            return cls(topo.rank_host, topo.host_names, sw)
-        per = tags.get("nodes_per_switch")
-        return cls.from_hosts(rank_hosts, int(per) if per else None)
+        if self.min_group < 2:
+            raise ValueError("StragglerConfig.min_group must be >= 2")
 
 
 @dataclass
 class Finding:
-    """A persistent straggler: one rank, or a host or switch whose ranks are slow together."""
+    """A persistent straggler: one rank, host or switch slower than its siblings."""
 
     subject_kind: str
     """``rank``, ``host`` or ``switch``."""
     subject_id: int | str
-    """Rank number, host name or switch index."""
+    """Rank number, host name, or switch name (its index when switches are numbered)."""
     ranks: list[int]
-    """The ranks the finding covers (the suspect ones, for a host or switch)."""
+    """The ranks the subject covers."""
     first_step: int
-    """Onset estimate: the step where the CUSUM last left zero."""
+    """Onset estimate: the step where the evidence began to accumulate."""
     detected_step: int
-    """The step at which the finding was reported."""
+    """The step at which the finding was first reported."""
     slowdown: float
-    """Estimated relative slowdown since onset (0.1 = 10% slower than the median rank)."""
+    """Estimated slowdown against its siblings since onset (0.1 = 10% slower to reach the
+    collective), the mean over the steps since onset: it converges as the finding lasts."""
     straggler_wait_s: float
-    """Wall-clock the job has waited on it since onset (its compute above the median)."""
+    """Wall-clock the job has waited on this subject since onset (its own excess only: a
+    rank inside a slow host counts what it adds to the host's)."""
     wait_per_hour_s: float
     """Wait it will cost per hour of training if left alone."""
     action: str
-    """``evict`` (replace it) or ``watch``."""
+    """``evict`` (replace it: >= 5% and lasting) or ``watch``."""
     confidence: float
-    """0-1, from how far the CUSUM is over the threshold."""
-    kind: str = "cross"
-    """``cross`` (slower than its peers) or ``drift`` (slower than its own history)."""
+    """0-1, from how far the evidence is over the threshold."""
     attempt: int | None = None
-    """The attempt the detection step belongs to, when known."""
+    """The attempt of the step this state was computed at, when known."""
+    status: str = "new"
+    """``new`` (first report), ``update`` (re-estimated), ``resolved`` (recovered: the
+    subject is no slower than its siblings any more, or not seen again after a restart)."""
+    id: str = ""
+    """Stable across updates: ``<attempt>/<kind>/<subject>/<first step>`` at first report."""
+    last_step: int = -1
+    """The step this state was computed at."""
+    host: str | None = None
+    """The host of a rank finding (when known)."""
+    switch: int | str | None = None
+    """The switch of a rank or host finding (when known)."""
+    relative_to: str = "the rest of the job"
+    """What the subject was compared with (its siblings one level up)."""
 
 
-class _Cusum:
-    """One-sided CUSUM per rank with the excursion's onset, mean excess and wait since then."""
+@dataclass
+class _Open:
+    """A reported finding while it lasts."""
+
+    id: str
+    first_step: int
+    detected_step: int
+    seq: int = 0
+    slow: float = 0.0
+    action: str = "watch"
+    emitted_at: int = 0
+    wait_before: float = 0.0       # wait accumulated in earlier attempts
+    carried_at: int | None = None  # update count when a restart carried it over
+    members: list[int] | None = None  # for a roll-up: the member units it stands for
+
+
+class _Units:
+    """Per-unit CUSUM state: the excursion's start, its sums since then, the own scale."""
 
     def __init__(self, n: int) -> None:
         self.s = np.zeros(n)
         self.start = np.full(n, -1, np.int64)
-        self.rel = np.zeros(n)    # sum of relative excess since the start
-        self.cnt = np.zeros(n)    # steps since the start
-        self.wait = np.zeros(n)   # seconds above the median since the start
+        self.rel = np.zeros(n)
+        self.cnt = np.zeros(n)
+        self.pos = np.zeros(n)
+        self.wait = np.zeros(n)
+        self.mean = np.zeros(n)
+        self.dev = np.zeros(n)
+        self.nobs = np.zeros(n)
+        self.flagged = np.zeros(n, bool)
+        self.own = np.zeros(n)        # the unit's own noise scale (0 until settled)
+        self.ticks = 0
+        self.peak = np.zeros(n)       # the CUSUM's highest value in this excursion...
+        self.rel_pk = np.zeros(n)     # ...and the sums then: the shift ends where it peaks,
+        self.cnt_pk = np.zeros(n)     # so a recovered subject's estimate is not diluted
 
-    def step(self, inc: np.ndarray, rel: np.ndarray, excess_s: np.ndarray, valid: np.ndarray,
-             step: int, cap: float) -> None:
-        new = np.minimum(np.maximum(self.s + inc, 0.0), cap)
-        new = np.where(valid, new, self.s)
+    def slowdown(self, m: list[int]) -> float:
+        """Mean relative excess from the excursion's start to its peak, pooled over the units
+        m (weighted by their steps: a member's fresh short excursion barely moves it)."""
+        return float(self.rel_pk[m].sum() / max(float(self.cnt_pk[m].sum()), 1.0))
+
+    def own_scale(self, res: np.ndarray, have: np.ndarray, alpha: float, settle: int,
+                  level_s: np.ndarray) -> np.ndarray:
+        """The scale to score ``res`` with: the level's, or the unit's own when noisier; then
+        learn from this step (deviations winsorised, not while the unit is suspect)."""
+        s = np.maximum(level_s, self.own)
+        self.ticks += 1
+        if self.ticks % _LEARN_EVERY and self.ticks > settle:
+            return s
+        w = np.maximum(alpha * _LEARN_EVERY, 1.0 / (self.nobs + 1))
+        d = np.minimum(np.abs(res - self.mean), 3.0 * s)
+        learn = have & ~self.flagged
+        self.mean = np.where(learn, self.mean + w * (res - self.mean), self.mean)
+        self.dev = np.where(learn, self.dev + w * (d - self.dev), self.dev)
+        self.nobs += learn
+        self.own = np.where(self.nobs >= settle, _MEANDEV_TO_SIGMA * self.dev, 0.0)
+        return s
+
+    def step(self, z: np.ndarray, res: np.ndarray, k: np.ndarray, base_s: np.ndarray,
+             have: np.ndarray, step: int, cap: float) -> None:
+        new = self.s + z
+        np.clip(new, 0.0, cap, out=new)
+        if not have.all():
+            new[~have] = self.s[~have]
         rising = (self.s == 0) & (new > 0)
-        self.start = np.where(rising, step, self.start)
-        on = new > 0
-        keep = on & ~rising
-        take = on & valid
-        self.rel = np.where(keep, self.rel, 0.0) + np.where(take, rel, 0.0)
-        self.cnt = np.where(keep, self.cnt, 0.0) + take
-        self.wait = np.where(keep, self.wait, 0.0) + np.where(take, excess_s, 0.0)
+        if rising.any():
+            self.start[rising] = step
+            for a in (self.rel, self.cnt, self.pos, self.wait, self.peak):
+                a[rising] = 0.0
+        take = new > 0
+        take &= have
+        excess = np.expm1(res)
+        excess *= take
+        self.rel += np.clip(excess, -0.5, 1.0)
+        self.cnt += take
+        self.pos += take & (res > k)
+        self.wait += np.maximum(excess, 0.0) * base_s
+        top = take & (new >= self.peak)
+        if top.any():
+            self.peak[top] = new[top]
+            self.rel_pk[top] = self.rel[top]
+            self.cnt_pk[top] = self.cnt[top]
         self.s = new
 
-    def slowdown(self, i: np.ndarray | int) -> np.ndarray:
-        return self.rel[i] / np.maximum(self.cnt[i], 1.0)
+
+#: A level's spread is measured on at most this many of its units (evenly strided): it only
+#: feeds an EWMA, and two medians over 16,384 ranks were a third of a step's cost.
+_MAD_SAMPLE = 2048
 
 
-@dataclass
-class _Groups:
-    active_hosts: set[int] = field(default_factory=set)
-    active_switches: set[int] = field(default_factory=set)
+def _mad(v: np.ndarray) -> float:
+    if len(v) > _MAD_SAMPLE:
+        v = v[::-(-len(v) // _MAD_SAMPLE)]
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return 0.0
+    return _MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v))))
 
 
 class StragglerDetector:
-    """Streaming detector: feed one step's per-rank compute times, get new findings back.
+    """Streaming detector: feed one step's per-rank times to reach the collective, get back
+    the findings that are new, updated or resolved at that step.
 
-    Per-rank state lives within one attempt: a step with a new ``attempt`` resets it (a restart
-    changes the world and restarts the step numbering from a checkpoint).
+    Per-subject state lives within one attempt: a step with a new ``attempt`` resets it (a
+    restart changes the world and restarts the step numbering from a checkpoint); a subject
+    flagged again soon after the restart continues its finding.
 
-    ``update`` costs a few O(n_ranks) numpy passes (two medians dominate); roll-up work runs
-    only while some rank is over the threshold and not yet reported."""
+    ``update`` costs a few O(n_ranks) numpy passes (the medians dominate): about 1 ms per step
+    at 16,384 ranks."""
 
     def __init__(self, config: StragglerConfig | None = None, n_ranks: int = 0,
                  topology: Topology | None = None) -> None:
@@ -220,296 +275,305 @@ class StragglerDetector:
         self.config = config or StragglerConfig()
         self.n = n_ranks
         self.topology = topology
-        if topology is not None:
-            self._host = np.asarray(topology.rank_host[:n_ranks], np.int64)
-            self._n_hosts = int(self._host.max()) + 1
-            self._host_size = np.bincount(self._host, minlength=self._n_hosts)
-            hs = topology.host_switch
-            self._sw = None if hs is None else np.asarray(hs, np.int64)
+        self.layout = Layout(n_ranks, topology, self.config.min_group)
+        lay = self.layout
+        self._n_units = n_ranks + lay.n_hosts + lay.n_sw
+        self._level = np.concatenate([np.zeros(n_ranks, np.int64), np.ones(lay.n_hosts, np.int64),
+                                      np.full(lay.n_sw, 2, np.int64)])
         self.attempt: int | None = None
+        self._open: dict[int, _Open] = {}
         self.reset()
 
     def reset(self, attempt: int | None = None) -> None:
-        """Forget every rank's state (CUSUMs, baselines, flags, noise scale, history): a
-        restart changes the world and restores an older step, so state from the previous
-        attempt would be stale. ``update`` calls it when its ``attempt`` changes. Only which
-        ranks were flagged is kept: one flagged again within ``baseline_steps`` of the new
-        attempt continues its finding (no duplicate); a healthy one is forgotten."""
-        n_ranks = self.n
+        """Forget every subject's state (a restart changes the world and restores an older
+        step); open findings are carried: flagged again within ``resume_steps`` of the new
+        attempt they continue, else they are resolved. ``update`` calls it when its
+        ``attempt`` changes."""
         self.attempt = attempt
-        # ranks still flagged at the restart: flagged again early in the new attempt, they
-        # continue their finding rather than open a duplicate; healthy, they are forgotten
-        old = getattr(self, "flagged", None)
-        self._carried = np.zeros(n_ranks, bool) if old is None else old.copy()
-        self.cross = _Cusum(n_ranks)
-        self.drift = _Cusum(n_ranks)
-        self.base = np.zeros(n_ranks)
-        self.nobs = np.zeros(n_ranks, np.int64)
-        self.flagged = np.zeros(n_ranks, bool)
-        self.flag_at = np.zeros(n_ranks, np.int64)   # update index of the crossing
-        self.reported = np.zeros(n_ranks, bool)
-        self.scale: float | None = None
-        self.med_compute = np.nan
+        self.units = _Units(self._n_units)
+        self.scales = np.full(3, np.nan)
+        self.med_ready = np.nan
         self.step_time = np.nan
         self.updates = 0
-        self._hist = np.full((self.config.history_steps, n_ranks), np.nan)
-        self._groups = _Groups()
+        self._excl = np.zeros(self.n, bool)
+        self._last_step = -1
+        for o in self._open.values():
+            o.carried_at = 0
+        self._carry_wait = {u: self._wait(u, o) for u, o in self._open.items()}
 
     # ------------------------------------------------------------------ scoring
-    def update(self, step: int, compute: np.ndarray, *, step_time_s: float | None = None,
+    def update(self, step: int, ready: np.ndarray, *, step_time_s: float | None = None,
                attempt: int | None = None) -> list[Finding]:
-        """Score one step (``compute[r]`` seconds, NaN where rank r did not report) and return
-        the findings that are new at this step. ``step_time_s`` (the step's duration) turns the
-        wait into a per-hour figure; without it the median compute stands in for it. A new
-        ``attempt`` (a restart) resets every rank's state first (see :meth:`reset`)."""
+        """Score one step: ``ready[r]`` is rank r's time to reach the collective, in seconds
+        (its step minus its collective wait; NaN where it did not report). ``step_time_s``
+        (the step's duration) turns the wait into a per-hour figure; without it the median
+        ready time stands in. A new ``attempt`` resets the state first (see :meth:`reset`).
+        Returns the findings new, updated or resolved at this step."""
         cfg = self.config
-        c = np.asarray(compute, dtype=float)
+        c = np.asarray(ready, dtype=float)
         if c.shape != (self.n,):
-            raise ValueError(f"compute must have shape ({self.n},), got {c.shape}")
+            raise ValueError(f"ready must have shape ({self.n},), got {c.shape}")
         if attempt is not None and attempt != self.attempt:
             if self.attempt is None:
                 self.attempt = attempt   # the first attempt seen: nothing stale yet
             else:
                 self.reset(attempt)
         valid = np.isfinite(c) & (c > 0)
-        vc = c[valid]
-        if vc.size < cfg.min_ranks:
+        if valid.sum() < cfg.min_ranks:
             return []
-        logc = np.log(np.where(valid, c, 1.0))
-        lv = logc[valid]
-        med = float(np.median(lv))
-        r = np.where(valid, logc - med, 0.0)
-        mad = _MAD_TO_SIGMA * float(np.median(np.abs(lv - med)))
-        a = cfg.scale_alpha
-        self.scale = mad if self.scale is None else (1 - a) * self.scale + a * mad
-        s = max(self.scale, cfg.scale_floor)
-        k = max(cfg.drift_k, cfg.drift_k_sigmas * s)
-        med_c = float(np.exp(med))
-        st = step_time_s if step_time_s and step_time_s > 0 else med_c
-        self.med_compute = _ewma(self.med_compute, med_c)
+        x = np.where(valid, np.log(np.where(valid, c, 1.0)), np.nan)
+        use = valid & ~self._excl
+        ref = float(np.median(x[use] if use.sum() >= cfg.min_ranks else x[valid]))
+        res, base = self._residuals(x - ref, ref)
+        have = np.isfinite(res)
+        level_s = self._level_scales(res, have)[self._level]
+        u = self.units
+        s = u.own_scale(np.where(have, res, 0.0), have, cfg.own_alpha, cfg.own_min_steps,
+                        level_s)
+        k = np.maximum(np.log1p(cfg.drift_k), cfg.drift_k_sigmas * s)
+        r0 = np.where(have, res, 0.0)
+        z = np.clip((r0 - k) / s, -cfg.step_cap, cfg.step_cap)
+        u.step(z, r0, k, base, have, step, cfg.cusum_cap * cfg.threshold_h)
+        st = step_time_s if step_time_s and step_time_s > 0 else float(np.exp(ref))
+        self.med_ready = _ewma(self.med_ready, float(np.exp(ref)))
         self.step_time = _ewma(self.step_time, st)
-        cap = cfg.cusum_cap * cfg.threshold_h
-        excess = np.where(valid, c - med_c, 0.0)
-        self._hist[self.updates % len(self._hist)] = np.where(valid, r, np.nan)
-        self.cross.step((r - k) / s, np.expm1(r), excess, valid, step, cap)
-        # own-history drift: deviation from the rank's baseline (a running mean while it
-        # settles, then an EWMA); no drift CUSUM until it has settled
-        self.nobs += valid
-        if self._carried.any():
-            self._carried &= self.flagged | (self.nobs <= cfg.baseline_steps)
-        dev = r - self.base
-        settled = self.nobs > cfg.baseline_steps
-        self.drift.step((dev - k) / s, np.expm1(dev), excess, valid & settled, step, cap)
-        w = np.maximum(cfg.baseline_alpha, 1.0 / np.maximum(self.nobs, 1))
-        # freeze only on strong evidence: freezing whenever the CUSUM is above zero would learn
-        # from low samples only and bias the baseline down (a steady stream of false flags)
-        learn = valid & ((self.drift.s <= cfg.group_h_fraction * cfg.threshold_h) | ~settled)
-        self.base = np.where(learn, self.base + w * dev, self.base)
         self.updates += 1
+        self._last_step = step
+        self._excl = self._excluded()
         return self._decide(step, attempt)
 
-    def _scores(self) -> np.ndarray:
-        return np.maximum(self.cross.s, self.drift.s)
+    def _residuals(self, t: np.ndarray, ref: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every unit's log excess over its siblings' median one level up (NaN where the
+        unit is not scored) and the seconds one unit of relative excess costs there."""
+        lay = self.layout
+        if lay.host is None:
+            return t, np.full(self.n, np.exp(ref))
+        hm = group_median(t, lay.host_members, lay.host_full)       # per host
+        parent_h = np.zeros(lay.n_hosts)                            # each host's parent level
+        sw_res = np.zeros(0)
+        if lay.sw is not None:
+            sm = group_median(hm, lay.sw_members, lay.sw_full)      # per switch
+            parent_h = np.where(lay.sw_split[lay.sw], sm[lay.sw], 0.0)
+            sw_res = np.where(lay.sw_split, sm, np.nan)
+        host_res = np.where(lay.host_split, hm - parent_h, np.nan)
+        parent_r = np.where(lay.host_split[lay.host], hm[lay.host], parent_h[lay.host])
+        res = np.concatenate([t - parent_r, host_res, sw_res])
+        base = np.exp(ref + np.concatenate([parent_r, parent_h, np.zeros(lay.n_sw)]))
+        return res, np.where(np.isfinite(base), base, np.exp(ref))
 
-    # ------------------------------------------------------------------ flagging
-    def _decide(self, step: int, attempt: int | None) -> list[Finding]:
-        cfg, h = self.config, self.config.threshold_h
-        # recovery: a flagged rank whose CUSUMs are both back at zero may be reported again
-        rec = self.flagged & (self.cross.s == 0) & (self.drift.s == 0)
-        if rec.any():
-            self.flagged &= ~rec
-            self.reported &= ~rec
-            self._release_groups()
-        if self.updates < cfg.min_steps:
-            return []
-        score = self._scores()
-        cross_now = score > h
-        new = cross_now & ~self.flagged
-        if new.any():
-            self.flagged |= new
-            self.flag_at = np.where(new, self.updates, self.flag_at)
-        ready = self.flagged & ~self.reported & (self.updates - self.flag_at >= cfg.hold_steps)
-        cont = ready & self._carried   # the previous attempt's finding goes on: no duplicate
-        if cont.any():
-            self.reported |= cont
-            ready &= ~cont
-        if not ready.any():
-            return []
-        out: list[Finding] = []
-        suspect = (score > cfg.group_h_fraction * h) | self.flagged
-        host_is, sw_is = self._group_suspects(suspect)
-        g = self._groups
-        for i in np.flatnonzero(ready):
-            if self.reported[i]:
-                continue
-            if self.topology is not None:
-                hi = int(self._host[i])
-                sw = int(self._sw[hi]) if self._sw is not None else -1
-                if hi in g.active_hosts or sw in g.active_switches:
-                    self.reported[i] = True   # already covered by a host/switch finding
-                    continue
-                if sw_is is not None and sw_is[sw]:
-                    members = np.flatnonzero(suspect & (self._sw[self._host] == sw)
-                                             & host_is[self._host])
-                    g.active_switches.add(sw)
-                    out.append(self._finding("switch", sw, members, step, attempt))
-                    continue
-                if host_is[hi]:
-                    members = np.flatnonzero(suspect & (self._host == hi))
-                    g.active_hosts.add(hi)
-                    out.append(self._finding("host", self.topology.host_names[hi], members,
-                                             step, attempt))
-                    continue
-            out.append(self._finding("rank", int(i), np.array([i]), step, attempt))
+    def _level_scales(self, res: np.ndarray, have: np.ndarray) -> np.ndarray:
+        """Per level (rank, host, switch) the noise scale: the spread across the level's
+        non-suspect units (EWMA), never under what the level below implies for a median of
+        its size, and a half more where too few units make a spread unreliable."""
+        cfg, lay = self.config, self.layout
+        quiet = have & ~self.units.flagged & (self.units.s <= cfg.suspect_fraction
+                                              * cfg.threshold_h)
+        n = self.n
+        out = np.empty(3)
+        prev = cfg.scale_floor
+        sizes = (1.0, float(np.median(lay.host_size)) if lay.n_hosts else 1.0,
+                 float(np.median(lay.sw_size)) if lay.n_sw else 1.0)
+        bounds = (0, n, n + lay.n_hosts, n + lay.n_hosts + lay.n_sw)
+        for lv in range(3):
+            sel = quiet[bounds[lv]:bounds[lv + 1]]
+            v = res[bounds[lv]:bounds[lv + 1]][sel]
+            floor = prev if lv == 0 else _MEDIAN_SE * prev / np.sqrt(sizes[lv])
+            est = _mad(v) if len(v) >= 8 else 1.5 * floor
+            now = max(est, floor, cfg.scale_floor)
+            old = self.scales[lv]
+            self.scales[lv] = now if np.isnan(old) else (
+                (1 - cfg.scale_alpha) * old + cfg.scale_alpha * now)
+            out[lv] = max(self.scales[lv], cfg.scale_floor)
+            prev = out[lv]
         return out
 
-    def _group_suspects(self, suspect: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        if self.topology is None:
-            return np.zeros(0, bool), None
-        cfg = self.config
-        n_s = np.bincount(self._host, weights=suspect, minlength=self._n_hosts)
-        host_is = (self._host_size >= 2) & (n_s >= cfg.host_fraction * self._host_size)
-        if self._sw is None:
-            return host_is, None
-        n_sw = int(self._sw.max()) + 1
-        hosts = np.bincount(self._sw, minlength=n_sw)
-        sus = np.bincount(self._sw, weights=host_is, minlength=n_sw)
-        return host_is, (hosts >= 2) & (sus >= cfg.switch_fraction * hosts)
+    def _excluded(self) -> np.ndarray:
+        """Ranks covered by a suspect or flagged subject: left out of the next reference."""
+        cfg, lay, u = self.config, self.layout, self.units
+        sus = u.flagged | (u.s > cfg.suspect_fraction * cfg.threshold_h)
+        if not sus.any():
+            return np.zeros(self.n, bool)
+        ex = sus[:self.n].copy()
+        if lay.host is not None:
+            ex |= sus[self.n:self.n + lay.n_hosts][lay.host]
+            if lay.sw is not None:
+                ex |= sus[self.n + lay.n_hosts:][lay.sw[lay.host]]
+        return ex
 
-    def _release_groups(self) -> None:
-        g = self._groups
-        if self.topology is None or not (g.active_hosts or g.active_switches):
-            return
-        fl = np.bincount(self._host, weights=self.flagged, minlength=self._n_hosts)
-        g.active_hosts = {h for h in g.active_hosts if fl[h] > 0}
-        if self._sw is not None:
-            sw_fl = np.bincount(self._sw, weights=fl, minlength=int(self._sw.max()) + 1)
-            g.active_switches = {s for s in g.active_switches if sw_fl[s] > 0}
+    # ------------------------------------------------------------------ findings
+    def _decide(self, step: int, attempt: int | None) -> list[Finding]:
+        cfg, u = self.config, self.units
+        out: list[Finding] = []
+        for i in np.flatnonzero(u.flagged & (u.s == 0)):
+            u.flagged[i] = False
+            if int(i) in self._open:
+                out.append(self._emit(int(i), step, attempt, "resolved"))
+        for g, o in list(self._open.items()):
+            if o.members is not None and not u.flagged[o.members].any():
+                out.append(self._emit(g, step, attempt, "resolved"))
+        if self.updates >= cfg.min_steps:
+            new = (u.s > cfg.threshold_h) & (u.pos >= cfg.persist_steps) & ~u.flagged
+            for i in np.flatnonzero(new):
+                if u.flagged[i]:   # taken into a roll-up at this step
+                    continue
+                i, members = self._rollup(int(i))
+                u.flagged[members if members is not None else i] = True
+                o = self._open.get(i)
+                if o is not None and o.carried_at is None:   # a roll-up already open
+                    continue
+                if o is not None:   # a restart's survivor: its finding goes on
+                    o.wait_before = self._carry_wait.pop(i, 0.0)
+                    o.carried_at = None
+                    o.members = members
+                    out.append(self._emit(i, step, attempt, "update"))
+                else:
+                    out.append(self._emit(i, step, attempt, "new", members))
+        out += self._updates(step, attempt)
+        return out
 
-    def _slowdown(self, cu: _Cusum, members: np.ndarray, drift: bool) -> float:
-        """Median relative excess over the (recent) steps since onset, over the members."""
-        w = len(self._hist)
-        n = int(min(w, self.updates, max(1, np.median(cu.cnt[members]))))
-        rows = (self.updates - 1 - np.arange(n)) % w
-        r = self._hist[np.ix_(rows, members)]
-        if drift:
-            r = r - self.base[members]
-        if np.isnan(r).all():
-            return float(np.median(cu.slowdown(members)))
-        return float(np.expm1(np.nanmedian(r)))
+    def _rollup(self, i: int) -> tuple[int, list[int] | None]:
+        """A flagged rank of a host too small to split (or host of a switch too small) whose
+        every sibling is suspect too is the parent's slowness: (parent unit, members);
+        otherwise (i, None)."""
+        lay, cfg, u, n = self.layout, self.config, self.units, self.n
+        if lay.host is None:
+            return i, None
+        if i < n:
+            h = int(lay.host[i])
+            if lay.host_split[h] or lay.host_size[h] < 2:
+                return i, None
+            sib, parent = np.flatnonzero(lay.host == h), n + h
+        elif i < n + lay.n_hosts and lay.sw is not None:
+            w = int(lay.sw[i - n])
+            if lay.sw_split[w] or lay.sw_size[w] < 2:
+                return i, None
+            sib, parent = n + np.flatnonzero(lay.sw == w), n + lay.n_hosts + w
+        else:
+            return i, None
+        sus = u.flagged[sib] | (u.s[sib] > cfg.suspect_fraction * cfg.threshold_h)
+        return (parent, [int(m) for m in sib]) if sus.all() else (i, None)
 
-    def _finding(self, kind: str, sid: int | str, members: np.ndarray, step: int,
-                 attempt: int | None) -> Finding:
-        cfg = self.config
-        members = np.asarray(members, np.int64)
-        self.reported[members] = True
-        # prefer the cross-rank estimate; drift only where the rank is not slow against its peers
-        peers = self.cross.s[members] > cfg.group_h_fraction * cfg.threshold_h
-        which = "cross" if peers.mean() >= 0.5 else "drift"
-        cu = self.drift if which == "drift" else self.cross
-        slow = self._slowdown(cu, members, which == "drift")
-        starts = cu.start[members]
-        first = int(starts[starts >= 0].min()) if (starts >= 0).any() else step
-        wait = float(np.max(self.cross.wait[members]))
-        per_hour = max(slow, 0.0) * self.med_compute * 3600.0 / self.step_time
-        score = float(np.median(self._scores()[members]))
+    def _updates(self, step: int, attempt: int | None) -> list[Finding]:
+        """Re-estimates of open findings that moved; carried findings not seen again."""
+        cfg, u = self.config, self.units
+        out = []
+        for i, o in list(self._open.items()):
+            if o.carried_at is not None:
+                if self.updates >= cfg.resume_steps:
+                    out.append(self._emit(i, step, attempt, "resolved"))
+                continue
+            on = u.flagged[o.members].any() if o.members is not None else u.flagged[i]
+            if not on or self.updates - o.emitted_at < cfg.update_every:
+                continue
+            f = self._finding(i, step, attempt, o)
+            moved = abs(f.slowdown - o.slow) >= cfg.update_change * max(abs(o.slow),
+                                                                        cfg.drift_k)
+            if moved or f.action != o.action:
+                out.append(self._emit(i, step, attempt, "update"))
+        return out
+
+    def _emit(self, i: int, step: int, attempt: int | None, status: str,
+              members: list[int] | None = None) -> Finding:
+        u = self.units
+        o = self._open.get(i)
+        if status == "new" or o is None:
+            kind, sid = self._subject(i)
+            starts = u.start[members if members is not None else [i]]
+            first = int(starts[starts >= 0].min()) if (starts >= 0).any() else step
+            o = self._open[i] = _Open(f"{attempt}/{kind}/{self.layout.name(kind, sid)}/"
+                                      f"{first}", first, step, members=members)
+        else:
+            o.seq += 1
+        f = self._finding(i, step, attempt, o)
+        f.status = status
+        o.slow, o.action, o.emitted_at = f.slowdown, f.action, self.updates
+        if status == "resolved":
+            del self._open[i]
+            self._carry_wait.pop(i, None)
+        return f
+
+    def _subject(self, i: int) -> tuple[str, int]:
+        n, lay = self.n, self.layout
+        if i < n:
+            return "rank", i
+        if i < n + lay.n_hosts:
+            return "host", i - n
+        return "switch", i - n - lay.n_hosts
+
+    def _wait(self, i: int, o: _Open) -> float:
+        w = self.units.wait[o.members] if o.members is not None else self.units.wait[[i]]
+        return o.wait_before + float(w.max())
+
+    def _finding(self, i: int, step: int, attempt: int | None, o: _Open) -> Finding:
+        cfg, u, lay = self.config, self.units, self.layout
+        kind, idx = self._subject(i)
+        members = [idx] if kind == "rank" else [int(r) for r in lay.rank_units(kind, idx)]
+        m = o.members if o.members is not None else [i]
+        slow = u.slowdown(m)
+        wait = self._wait(i, o) if o.carried_at is None else o.wait_before + \
+            self._carry_wait.get(i, 0.0)
+        per_hour = max(slow, 0.0) * self.med_ready * 3600.0 / self.step_time
+        score = float(np.median(u.s[m]))
         conf = float(np.clip(1.0 - 0.5 * cfg.threshold_h / max(score, 1e-9), 0.0, 1.0))
-        lasting = float(np.median(cu.cnt[members]))
-        action = ("evict" if slow >= cfg.evict_min_slowdown and lasting >= cfg.evict_min_steps
-                  else "watch")
-        return Finding(kind, sid, [int(m) for m in members], first, int(step), slow,
-                       max(wait, 0.0), per_hour, action, conf, which, attempt)
+        action = ("evict" if slow >= cfg.evict_min_slowdown
+                  and np.median(u.cnt[m]) >= cfg.evict_min_steps else "watch")
+        host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
+            None, None, "the rest of the job")
+        return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
+                       max(wait, 0.0), per_hour, action, conf, attempt, "update", o.id, step,
+                       host, sw, rel)
+
+    def active(self) -> list[Finding]:
+        """The open findings with their current estimates (status ``update``), in order of
+        first report; a finding carried over a restart and not seen again yet is included."""
+        out = [self._finding(i, self._last_step, self.attempt, o)
+               for i, o in self._open.items()]
+        return sorted(out, key=lambda f: (f.detected_step, f.id))
 
 
 def _ewma(old: float, new: float, alpha: float = 0.1) -> float:
     return new if np.isnan(old) else (1 - alpha) * old + alpha * new
 
 
-def _pivot(steps: pd.DataFrame, value: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(attempt, step) keys in order, a rows x ranks matrix of ``value`` and per-row duration."""
-    att = steps["attempt"].to_numpy(np.int64) if "attempt" in steps else np.zeros(len(steps),
-                                                                                   np.int64)
-    stp = steps["step"].to_numpy(np.int64)
-    rank = steps["rank"].to_numpy(np.int64)
-    keys = np.stack([att, stp], axis=1)
-    uniq, row = np.unique(keys, axis=0, return_inverse=True)
-    row = row.reshape(-1)
-    n = int(rank.max()) + 1 if len(rank) else 0
-    m = np.full((len(uniq), n), np.nan)
-    m[row, rank] = steps[value].to_numpy(float)
-    dur = np.full(len(uniq), np.nan)
-    if "duration_s" in steps:
-        dur[row] = steps["duration_s"].to_numpy(float)
-    return uniq, m, dur, n
+def ready_column(steps: pd.DataFrame) -> pd.Series:
+    """Each row's time to reach the collective: ``duration_s - collective_wait_s`` where the
+    collective wait was reported, else ``compute_s + data_wait_s`` (data wait 0 if absent),
+    else NaN (a ``ready_s`` column, when present, is taken as is)."""
+    if "ready_s" in steps:
+        return steps["ready_s"].astype(float)
+    nan = pd.Series(np.nan, index=steps.index)
+    comp = steps["compute_s"].astype(float) if "compute_s" in steps else nan
+    data = steps["data_wait_s"].astype(float).fillna(0.0) if "data_wait_s" in steps else 0.0
+    out = comp + data
+    if "collective_wait_s" in steps and "duration_s" in steps:
+        coll = steps["duration_s"].astype(float) - steps["collective_wait_s"].astype(float)
+        out = coll.where(coll.notna(), out)
+    return out
 
 
 def detect_stragglers(steps: pd.DataFrame, config: StragglerConfig | None = None,
                       topology: Topology | None = None) -> list[Finding]:
-    """Batch use: per-rank step rows (attempt, rank, step, compute_s[, duration_s, host]) in,
-    every finding the streaming detector reports over the run out, in step order. Without a
-    topology, hosts come from the ``host`` column (no switch roll-up)."""
+    """Batch use: per-rank step rows (attempt, rank, step, and ``ready_s`` or the step-time
+    split: duration_s, collective_wait_s, compute_s, data_wait_s; optional host) in, every
+    finding over the run out, each once with its latest state (still open at the end:
+    ``update`` with the estimate at the last step; else ``resolved``), in order of first
+    report. Without a topology, hosts come from the ``host`` column (no switch level)."""
     if steps.empty:
         return []
-    keys, m, dur, n = _pivot(steps, "compute_s")
+    sm = frame_matrix(steps.assign(ready_s=ready_column(steps)), "ready_s")
+    n = sm.n_ranks
     if topology is None and "host" in steps:
         hosts = steps.drop_duplicates("rank").set_index("rank")["host"]
         topology = Topology.from_hosts([str(hosts.get(r, f"rank-{r}")) for r in range(n)])
     det = StragglerDetector(config, n, topology)
-    out: list[Finding] = []
-    for (a, s), row, d in zip(keys, m, dur):
-        out += det.update(int(s), row, step_time_s=None if np.isnan(d) else float(d),
-                          attempt=int(a))
-    return out
+    latest: dict[str, Finding] = {}   # insertion order: order of first report
+    for a, s, row, d in zip(sm.attempts, sm.steps, sm.values, sm.duration):
+        for f in det.update(int(s), row, step_time_s=None if np.isnan(d) else float(d),
+                            attempt=int(a)):
+            latest[f.id] = f
+    for f in det.active():
+        latest[f.id] = f
+    return list(latest.values())
 
 
-@dataclass(frozen=True)
-class RuleFlag:
-    """A rank NVIDIA's resiliency-extension rule flags in one report window."""
-
-    rank: int
-    attempt: int
-    first_step: int
-    last_step: int
-    score: float
-    """Reference median / the rank's median compute in the window (flagged below 0.75)."""
-
-
-def nvidia_rule(steps: pd.DataFrame, window_steps: int, threshold: float = 0.75
-                ) -> list[RuleFlag]:
-    """Baseline for side-by-side evaluation: per window of ``window_steps`` steps, each rank's
-    score is the median over ranks of the per-rank median compute divided by its own median;
-    a score under ``threshold`` flags the rank for that window."""
-    if window_steps < 1:
-        raise ValueError("window_steps must be >= 1")
-    if steps.empty:
-        return []
-    keys, m, _, _ = _pivot(steps, "compute_s")
-    out: list[RuleFlag] = []
-    for a in np.unique(keys[:, 0]):
-        rows = np.flatnonzero(keys[:, 0] == a)
-        out += nvidia_rule_matrix(m[rows], keys[rows, 1], window_steps, threshold, int(a))
-    return out
-
-
-def nvidia_rule_matrix(compute: np.ndarray, steps: np.ndarray, window_steps: int,
-                       threshold: float = 0.75, attempt: int = 0) -> list[RuleFlag]:
-    """:func:`nvidia_rule` on one attempt's steps x ranks matrix (NaN: no report), with
-    ``steps[i]`` the step number of row i; windows are consecutive runs of rows."""
-    if window_steps < 1:
-        raise ValueError("window_steps must be >= 1")
-    m = np.asarray(compute, dtype=float)
-    out: list[RuleFlag] = []
-    for w0 in range(0, len(m), window_steps):
-        block = m[w0:w0 + window_steps]
-        have = np.isfinite(block).any(axis=0)
-        if have.sum() < 2:
-            continue
-        own = (np.median(block, axis=0) if have.all() and np.isfinite(block).all()
-               else np.nanmedian(block[:, have], axis=0))
-        ref = float(np.median(own))
-        score = ref / own
-        low = score < threshold
-        for r, sc in zip(np.flatnonzero(have)[low], score[low]):
-            out.append(RuleFlag(int(r), attempt, int(steps[w0]),
-                                int(steps[min(w0 + window_steps, len(m)) - 1]), float(sc)))
-    return out
+__all__ += ["ready_column"]

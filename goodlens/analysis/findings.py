@@ -30,36 +30,46 @@ def run_tags(info: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def detect_run(source: RunReader, run_id: str) -> list[Finding]:
-    """Every finding the streaming detector reports over the stored run (batch pass over
-    ``source.steps``; needs the store's raw step records)."""
+    """Every finding the streaming detector reports over the stored run, each in its latest
+    state (batch pass over each rank's time to reach the collective; needs the store's raw
+    step records). The topology is where each rank ran in the latest attempt."""
     info = source.run(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
-    steps = source.steps(run_id)
+    steps = source.ready_times(run_id)
     if not len(steps):
         return []
     topology = None
-    if steps.host.notna().all():
-        hosts = steps.groupby("rank").host.first()
-        full = [hosts.get(r, f"rank-{r}") for r in range(int(steps["rank"].max()) + 1)]
-        topology = Topology.from_run(full, run_tags(info))
+    hosts = source.rank_hosts(run_id)
+    n = int(steps["rank"].max()) + 1
+    if len(hosts) and hosts.host.notna().all():
+        by_rank = dict(zip(hosts["rank"], hosts.host))
+        if all(r in by_rank for r in range(n)):
+            topology = Topology.from_run([by_rank[r] for r in range(n)], run_tags(info))
     return detect_stragglers(steps, topology=topology)
 
 
 def stored_findings(source: RunReader, run_id: str) -> list[dict[str, Any]]:
     """The findings the collector's live detector stored as ``straggler_flagged`` events,
-    as dicts with :class:`~goodlens.detectors.stragglers.Finding`'s fields (in detection order)."""
+    as dicts with :class:`~goodlens.detectors.stragglers.Finding`'s fields: each finding once,
+    in its latest state (the detector stores its first report, its updates and its
+    resolution as events of one source), in order of first report."""
     ev = source.events(run_id, kinds=[EventKind.STRAGGLER_FLAGGED])
-    out = []
-    names = {f.name for f in dataclasses.fields(Finding)}
-    for detail in ev.detail.dropna() if len(ev) else []:
+    latest: dict[str, tuple[int, dict[str, Any]]] = {}
+    names = [f.name for f in dataclasses.fields(Finding)]
+    if not len(ev):
+        return []
+    for src, seq, detail in zip(ev.source, ev.seq, ev.detail):
         try:
-            body = json.loads(detail)
+            body = json.loads(detail) if isinstance(detail, str) else None
         except ValueError:
             continue
-        if isinstance(body, dict) and {"subject_kind", "subject_id", "slowdown"} <= set(body):
-            out.append({k: body.get(k) for k in names})
-    return out
+        if not (isinstance(body, dict) and {"subject_kind", "subject_id", "slowdown"}
+                <= set(body)):
+            continue
+        if src not in latest or int(seq) >= latest[src][0]:  # keeps first-report order
+            latest[src] = (int(seq), {k: body.get(k) for k in names})
+    return [row for _, row in latest.values()]
 
 
 def finding_dicts(found: list[Finding]) -> list[dict[str, Any]]:

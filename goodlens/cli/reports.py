@@ -65,7 +65,7 @@ _BUCKET_NOTES = {"productive": "forward progress",
                  "straggler_wait": "all ranks waiting on the slowest",
                  "checkpoint_stall": "training blocked by saves",
                  "recompute": "steps redone after a rollback", "restart": "failure to next step",
-                 "other": "gaps, eval, custom intervals"}
+                 "other": "gaps, eval, input stalls, custom intervals"}
 
 
 def report_text(rep: dict[str, Any]) -> str:
@@ -183,8 +183,11 @@ def report(db: str | None, url: str | None, token: str | None, run_id: str | Non
 @click.option("--run", "run_id", required=True, help="Run id.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def detect(db: str, run_id: str, as_json: bool) -> None:
-    """Find persistent stragglers in a stored run: ranks, hosts or switches slower than the
-    rest, from which step, by how much, what they cost, and whether to evict them.
+    """Find persistent stragglers in a stored run: ranks, hosts or switches slower than their
+    siblings (a rank than the other ranks of its host, a host than the other hosts behind its
+    switch, a switch than the rest of the job), scored on each rank's time to reach the
+    collective; from which step, by how much, what they cost, whether to evict them, and
+    whether they are still open at the end of the run or resolved.
     """
     from goodlens.analysis.findings import detect_run, finding_dicts
     found = read_run(db, run_id, detect_run)
@@ -200,7 +203,10 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
         r["slow"] = f"{100 * r['slowdown']:.1f}%"
         r["cost"] = format_duration(r["straggler_wait_s"])
         r["per_h"] = format_duration(r["wait_per_hour_s"])
-    click.echo(table(rows, [("subject", "subject"), ("first_step", "from step"),
-                            ("detected_step", "detected at"), ("slow", "slowdown"),
-                            ("cost", "wait so far"), ("per_h", "wait per hour"),
-                            ("action", "action")]))
+        r["state"] = "resolved" if r["status"] == "resolved" else "open"
+        r["from"] = f"{r['first_step']} (attempt {r['id'].split('/')[0]})"
+    click.echo(table(rows, [("subject", "subject"), ("relative_to", "slower than"),
+                            ("from", "from step"), ("detected_step", "detected at"),
+                            ("slow", "slowdown"), ("cost", "wait so far"),
+                            ("per_h", "wait per hour"), ("action", "action"),
+                            ("state", "state")]))

@@ -115,6 +115,16 @@ class SqlReader:
         return self._df(f"SELECT * EXCLUDE (run_id) FROM steps WHERE {where} "
                         "ORDER BY attempt, step, rank", params)
 
+    def ready_times(self, run_id: str) -> pd.DataFrame:
+        """Per rank-step only what the straggler detector needs (``attempt, step, rank,
+        ready_s, duration_s``; ``ready_s`` the time to reach the collective, float32), in no
+        particular order: a lean read of millions of rows (no host strings, no sort)."""
+        from goodlens.storage.schema import READY
+        return self._cursor().execute(
+            f"SELECT attempt::INTEGER AS attempt, step, rank::INTEGER AS rank, "
+            f"({READY})::FLOAT AS ready_s, duration_s::FLOAT AS duration_s FROM steps "
+            "WHERE run_id = ?", [run_id]).df()
+
     def step_range(self, run_id: str, attempt: int) -> tuple[int, int, int] | None:
         """``(first step, last step, ranks)`` of one attempt's summaries, None when empty."""
         row = self._cursor().execute(

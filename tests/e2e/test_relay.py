@@ -141,8 +141,10 @@ def test_merged_batch_decodes_to_the_pushes_concatenated():
 
 @pytest.mark.slow
 def test_eight_ranks_through_one_relay_arrive_once_in_far_fewer_requests(tmp_path):
-    via = Collector(tmp_path / "via.duckdb").start()
-    direct = Collector(tmp_path / "direct.duckdb").start()
+    # no detector: its findings are batches too (these ranks differ by 1% per rank in their
+    # time to reach the collective, which it rightly reports), and only pushes are counted
+    via = Collector(tmp_path / "via.duckdb", "--no-detect").start()
+    direct = Collector(tmp_path / "direct.duckdb", "--no-detect").start()
     relay = Relay(tmp_path, via.url).start()
     try:
         relayed = run_ranks(relay.url, "r")

@@ -66,23 +66,19 @@ def test_a_slow_rank_is_flagged_and_its_wait_matches_the_injected_delay(tmp_path
         ev = store.events("slow", kinds=["straggler_flagged"])
     finally:
         store.close()
-    findings = [json.loads(d) for d in ev.detail]
-    assert findings, "no straggler flagged"
-    # the first finding for the planted rank (a later one may re-report it: findings do not
-    # update in place yet, the detector issue)
-    f = next(f for f in findings if f["ranks"] == [2])
-    # 4 ranks and a collector on 2 cores: start-up contention sometimes gives another rank a
-    # finding that starts in the attempt's first steps, "watch" or even "evict" (a transient
-    # the CUSUM does not bound yet: the detector issue's item 1, seen on the previous tree
-    # too). Any other finding starting after the start-up window fails the test.
-    others = [g for g in findings if g["ranks"] != [2]]
-    assert all(g["first_step"] < 10 for g in others), json.dumps(findings)
-    # its action is not asserted: the slowdown estimate can freeze low when a blip before the
-    # onset started the sum (a real 30% reads 3.5% "watch"; the detector issue's item 4)
-    # near step 100: the onset estimate (where the CUSUM last left zero) can trail the real
-    # onset by a few noisy steps on this shared machine; detection within the issue's 30
+    assert len(ev), "no straggler flagged"
+    # one finding (a first report and its updates, one source), about rank 2 only: start-up
+    # contention of 4 ranks and a collector on 2 cores is transient and bounded per step
+    last = ev.sort_values("seq").groupby("source").tail(1)
+    assert len(last) == 1, list(ev.detail)
+    f = json.loads(last.detail.iloc[0])
+    first = json.loads(ev.sort_values("seq").detail.iloc[0])
+    assert f["ranks"] == [2] and first["status"] == "new" and f["id"] == first["id"]
+    # near step 100: the onset estimate can trail the real onset by a few noisy steps on
+    # this shared machine; detection within the issue's 30 steps; the estimate converges
     assert onset - 10 <= f["first_step"] <= onset + 30
     assert onset <= f["detected_step"] <= onset + 30
+    assert f["slowdown"] == pytest.approx(pct / 100, rel=0.2) and f["action"] == "evict"
     injected = (steps - onset) * compute_ms / 1000 * pct / 100
     sw = report(c.db, "slow")["buckets"]["straggler_wait"]
     assert sw == pytest.approx(injected, rel=0.10)

@@ -29,12 +29,26 @@ def noise(steps: int, ranks: int, sigma: float = 0.01, seed: int = 0, base: floa
     return base * np.exp(sigma * rng.standard_normal((steps, ranks)))
 
 
-def feed(x: np.ndarray, topology: Topology | None = None, config: StragglerConfig | None = None):
+def emissions(x: np.ndarray, topology: Topology | None = None,
+              config: StragglerConfig | None = None) -> list:
+    """Every finding the streaming detector emits (new, update, resolved), in order."""
     det = StragglerDetector(config, x.shape[1], topology)
     out = []
     for s, row in enumerate(x):
         out += det.update(s, row)
     return out
+
+
+def feed(x: np.ndarray, topology: Topology | None = None, config: StragglerConfig | None = None):
+    """One entry per finding, its latest state (as ``detect_stragglers`` returns them)."""
+    det = StragglerDetector(config, x.shape[1], topology)
+    latest = {}
+    for s, row in enumerate(x):
+        for f in det.update(s, row):
+            latest[f.id] = f
+    for f in det.active():
+        latest[f.id] = f
+    return list(latest.values())
 
 
 def to_frame(x: np.ndarray, hosts_per: int = 8) -> pd.DataFrame:
@@ -122,13 +136,15 @@ def test_finding_reported_once_until_recovery():
     assert [(f.subject_id, f.first_step // 100) for f in fs] == [(7, 1), (7, 8)]
 
 
-def test_individual_drift_of_a_fast_rank():
-    x = noise(600, 64, seed=15)
-    x[:, 5] *= 0.95  # always 5% fast
-    x[300:, 5] *= 1.06  # thermal onset: barely above its peers now, well above itself
+def test_a_rank_always_slower_than_its_peers_is_a_finding():
+    """Scoring is against the siblings, not the rank's own history: a rank 6% slower from the
+    first step delays every collective from the first step, so it is reported (its own
+    history would call it normal)."""
+    x = noise(300, 64, seed=15)
+    x[:, 5] *= 1.06
     (f,) = feed(x)
-    assert (f.subject_id, f.kind) == (5, "drift")
-    assert f.detected_step - 300 <= 30 and abs(f.slowdown - 0.06) <= 0.02
+    assert f.subject_id == 5 and f.first_step <= 5 and f.detected_step <= 30
+    assert abs(f.slowdown - 0.06) <= 0.01
 
 
 def test_nvidia_rule_misses_ten_percent_that_cusum_catches():
@@ -166,26 +182,41 @@ def test_new_attempt_resets_state(batch):
         fs = [f for s, row in enumerate(a0) for f in det.update(s, row, attempt=0)]
         fs += [f for s, row in enumerate(a1) for f in det.update(300 + s, row, attempt=1)]
         assert det.attempt == 1
-    assert [(f.subject_id, f.attempt, f.kind) for f in fs] == [(7, 0, "cross"), (20, 1, "cross")]
+        fs = list({f.id: f for f in fs + det.active()}.values())  # latest state per finding
+    assert [(f.subject_id, f.status) for f in fs] == [(7, "resolved"), (20, "update")]
+    assert [f.id.split("/")[0] for f in fs] == ["0", "1"]  # first reported in attempts 0, 1
     f = fs[1]
     assert abs(f.first_step - 450) <= 5 and 0 <= f.detected_step - 450 <= 30
 
 
-def test_without_reset_stale_state_would_flag():
-    """The case above is a real test: carrying attempt 0's state into attempt 1 (no attempt
-    given) flags the replaced rank 5 as drifting. With the reset, rank 7 still slow after the
-    restart continues its attempt-0 finding (one finding, not a duplicate)."""
+def test_a_rank_still_slow_after_a_restart_continues_its_finding():
+    """Rank 7 slow in both attempts: one finding (new in attempt 0, updated in attempt 1 with
+    the same id and its wait carried), not a duplicate; without the attempt given, the
+    restored older step numbers are just more steps (one finding too)."""
     a0, a1 = two_attempts()
     a1 = a1.copy()
-    a1[:, 7] *= 1.20  # rank 7 slow again after the restart: a fresh finding with a reset
+    a1[:, 7] *= 1.20
     det = StragglerDetector(None, 64)
-    stale = [f for s, row in enumerate(np.vstack([a0, a1])) for f in det.update(s, row)]
-    assert 5 in {f.subject_id for f in stale}
-    assert [f.subject_id for f in stale].count(7) == 1
+    out = [f for s, row in enumerate(a0) for f in det.update(s, row, attempt=0)]
+    wait0 = det.active()[0].straggler_wait_s
+    out += [f for s, row in enumerate(a1) for f in det.update(300 + s, row, attempt=1)]
+    sevens = [f for f in out if f.subject_id == 7]
+    assert sevens[0].status == "new" and len({f.id for f in sevens}) == 1
+    assert any(f.status == "update" and f.attempt == 1 for f in sevens)
+    (now,) = [f for f in det.active() if f.subject_id == 7]
+    assert now.straggler_wait_s > wait0 and now.first_step == sevens[0].first_step
+    assert [f.subject_id for f in out if f.status == "new"] == [7, 20]
+
+
+def test_a_restart_resolves_a_finding_not_seen_again():
+    a0, a1 = two_attempts()
     det = StragglerDetector(None, 64)
-    fresh = [f for s, row in enumerate(a0) for f in det.update(s, row, attempt=0)]
-    fresh += [f for s, row in enumerate(a1) for f in det.update(300 + s, row, attempt=1)]
-    assert [(f.subject_id, f.attempt) for f in fresh] == [(7, 0), (20, 1)]
+    for s, row in enumerate(a0):
+        det.update(s, row, attempt=0)
+    assert [f.subject_id for f in det.active()] == [7]
+    out = [f for s, row in enumerate(a1[:60]) for f in det.update(300 + s, row, attempt=1)]
+    (res,) = [f for f in out if f.status == "resolved"]
+    assert res.subject_id == 7 and res.attempt == 1 and det.active() == []
 
 
 def test_config_validation():
@@ -291,4 +322,114 @@ def test_an_explicit_topology_map_rolls_ranks_up_to_their_switch():
         if s >= 50:
             compute[slow] *= 1.15
         found += det.update(s, compute)
-    assert [(f.subject_kind, sorted(f.ranks)) for f in found] == [("switch", slow)]
+    assert [(f.subject_kind, f.subject_id, sorted(f.ranks)) for f in found
+            if f.status == "new"] == [("switch", "leaf-a", slow)]
+
+
+# ---------------------------------------------------------------- issue 15 failure modes
+def topo128() -> Topology:
+    """16 hosts of 8 ranks, 4 hosts behind each of 4 switches."""
+    return Topology.from_hosts([f"node-{r // 8:04d}" for r in range(128)], nodes_per_switch=4)
+
+
+def test_transient_spikes_never_become_findings():
+    """A 2x single-step slowdown once added 35-70 noise units against a threshold of 25.
+    Here ten times the real-world rate of spikes (1e-3 per rank-step, 1.3-2x, 1-3 steps,
+    two on one rank 20 steps apart) over a healthy run: no finding at all. (A rank slow on
+    most steps for a dozen steps or more is no longer transient: that is a finding.)"""
+    rng = np.random.default_rng(31)
+    x = noise(3000, 128, sigma=0.02, seed=31)
+    x *= np.exp(0.03 * rng.standard_normal(3000))[:, None]  # shared per-step jitter
+    for s, r in zip(*np.nonzero(rng.random(x.shape) < 1e-3)):
+        x[s:s + rng.integers(1, 4), r] *= rng.uniform(1.3, 2.0)
+    for s in (500, 520):  # two 3-step 2x spikes on one rank, 20 steps apart
+        x[s:s + 3, 77] *= 2.0
+    assert emissions(x, topo128()) == []
+
+
+def test_a_data_starved_rank_is_found_from_its_time_to_reach_the_collective():
+    """Same compute on every rank; rank 9 waits 20% of a step for its data loader from step
+    100. Scored on compute alone it was invisible; its time to reach the all-reduce (step
+    minus collective wait) is 20% longer, and so is everyone's wait."""
+    steps, ranks = 400, 32
+    comp = noise(steps, ranks, seed=32, base=0.6)
+    data = np.full((steps, ranks), 0.00006)
+    data[100:, 9] = 0.12
+    ready = comp + data
+    dur = ready.max(axis=1, keepdims=True) + 0.05
+    s, r = np.meshgrid(np.arange(steps), np.arange(ranks), indexing="ij")
+    df = pd.DataFrame({"attempt": 0, "rank": r.ravel(), "step": s.ravel(),
+                       "duration_s": np.broadcast_to(dur, ready.shape).ravel(),
+                       "compute_s": comp.ravel(), "data_wait_s": data.ravel(),
+                       "collective_wait_s": (dur - ready).ravel()})
+    (f,) = detect_stragglers(df)
+    assert (f.subject_kind, f.subject_id) == ("rank", 9)
+    assert 0 <= f.detected_step - 100 <= 30 and abs(f.slowdown - 0.2) <= 0.02
+    assert f.action == "evict"
+
+
+def test_nested_subjects_each_reported_as_themselves():
+    """Switch 1 (ranks 32-63) 5% slow from step 100, host node-0005 inside it 6% more from
+    step 200, rank 43 on that host 10% more from step 300: three findings, each with its own
+    slowdown against its siblings."""
+    x = noise(600, 128, seed=33)
+    x[100:, 32:64] *= 1.05
+    x[200:, 40:48] *= 1.06
+    x[300:, 43] *= 1.10
+    fs = feed(x, topo128())
+    got = {(f.subject_kind, f.subject_id): f for f in fs}
+    assert set(got) == {("switch", 1), ("host", "node-0005"), ("rank", 43)}
+    for key, onset, slow in [(("switch", 1), 100, 0.05), (("host", "node-0005"), 200, 0.06),
+                             (("rank", 43), 300, 0.10)]:
+        f = got[key]
+        assert 0 <= f.detected_step - onset <= 30, f
+        assert abs(f.slowdown - slow) <= 0.2 * slow, f
+    assert got[("rank", 43)].relative_to == "the other ranks of host node-0005"
+    assert got[("host", "node-0005")].relative_to == "the other hosts behind switch 1"
+
+
+def test_a_slow_half_of_the_job_does_not_move_the_reference():
+    """Switches 0 and 1 (half the job) 8% slow from step 100: the median rank is then in the
+    gap and a cross-rank median read ~4%. The reference leaves suspect subjects out, so each
+    switch is estimated at 8% and nothing on the healthy half is flagged."""
+    x = noise(500, 128, seed=34)
+    x[100:, :64] *= 1.08
+    fs = feed(x, topo128())
+    assert sorted((f.subject_kind, f.subject_id) for f in fs) == [("switch", 0), ("switch", 1)]
+    for f in fs:
+        assert abs(f.slowdown - 0.08) <= 0.1 * 0.08 and f.detected_step - 100 <= 30
+
+
+def test_the_slowdown_estimate_converges():
+    """A blip 9 steps before the onset once started the sum and froze a 24.6% rank at 3.7%.
+    A 25% rank with such a blip is estimated within 20% 100 steps after its onset; an
+    intermittent rank (30% slow on a random half of its steps) at its mean cost, 15%."""
+    rng = np.random.default_rng(35)
+    x = noise(500, 64, seed=35)
+    x[91, 3] *= 1.04
+    x[100:, 3] *= 1.25
+    x[100:, 50] *= np.where(rng.random(400) < 0.5, 1.30, 1.0)
+    det = StragglerDetector(None, 64)
+    for s in range(201):
+        det.update(s, x[s])
+    now = {f.subject_id: f for f in det.active()}
+    assert abs(now[3].slowdown - 0.25) <= 0.2 * 0.25
+    assert abs(now[50].slowdown - 0.15) <= 0.2 * 0.15
+
+
+def test_a_finding_is_updated_in_place_and_resolved():
+    """Rank 7 10% slow from step 100, 30% from step 200, healthy from step 350: one id, a new
+    report, updates as the estimate moves (upwards), then resolved, and gone from active()."""
+    x = noise(700, 64, seed=36)
+    x[100:200, 7] *= 1.10
+    x[200:350, 7] *= 1.30
+    out = emissions(x)
+    assert {f.id for f in out} == {out[0].id} and out[0].status == "new"
+    assert out[-1].status == "resolved" and out[-1].last_step >= 350
+    ups = [f for f in out if f.status == "update"]
+    assert ups and ups[-1].slowdown > out[0].slowdown + 0.05
+    assert all(f.detected_step == out[0].detected_step for f in out)
+    det = StragglerDetector(None, 64)
+    for s, row in enumerate(x):
+        det.update(s, row)
+    assert det.active() == []
