@@ -19,24 +19,23 @@ then ``resolved``. Pure statistics: arrays or a frame in, :class:`Finding` datac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from goodlens.detectors.matrix import frame_matrix
+from goodlens.detectors.matrix import StepMatrix, step_matrix
 from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
-from goodlens.detectors.topology import Layout, Topology, group_median
+from goodlens.detectors.scoring import Block, Units, prepare
+from goodlens.detectors.topology import Layout, Topology
 
 __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topology",
-           "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
+           "detect_matrix", "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
 
-_MAD_TO_SIGMA = 1.4826
 _MEDIAN_SE = 1.2533   # the standard error of a median of m normal values is ~1.2533 s / sqrt(m)
-_MEANDEV_TO_SIGMA = 1.2533   # sigma of a normal is sqrt(pi / 2) x its mean absolute deviation
-#: A subject's own noise scale learns from every 4th step after the first ``own_min_steps``
-#: (an EWMA of a slowly moving quantity; a quarter of the per-step cost at 16,384 ranks).
-_LEARN_EVERY = 4
+#: Steps prepared at once by :meth:`StragglerDetector.update_many`.
+_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -46,10 +45,12 @@ class StragglerConfig:
     drift_k: float = 0.01
     """Excess ignored, as a relative slowdown: a subject under ~1% slower than its siblings
     is not a straggler. The effective value is ``max(drift_k, drift_k_sigmas x scale)``."""
-    drift_k_sigmas: float = 0.5
+    drift_k_sigmas: float = 0.4
     """...and at least this many noise units, so the CUSUM drifts down under noise alone."""
-    threshold_h: float = 25.0
-    """CUSUM decision threshold, in noise units."""
+    threshold_h: float = 30.0
+    """CUSUM decision threshold, in noise units. With ``drift_k_sigmas`` 0.4 the in-control
+    run length is about that of 0.5 and 25 (both ~exp(2 k h)), and a 2% rank among ranks
+    with 3% noise is found ~30% sooner (``bench/detector_eval.py``)."""
     step_cap: float = 3.0
     """Most one step may add to (or take from) a CUSUM, in noise units: a single 2x step adds
     3, not 70, so a transient spike of 1-3 steps stays far under the threshold."""
@@ -172,89 +173,6 @@ class _Open:
     members: list[int] | None = None  # for a roll-up: the member units it stands for
 
 
-class _Units:
-    """Per-unit CUSUM state: the excursion's start, its sums since then, the own scale."""
-
-    def __init__(self, n: int) -> None:
-        self.s = np.zeros(n)
-        self.start = np.full(n, -1, np.int64)
-        self.rel = np.zeros(n)
-        self.cnt = np.zeros(n)
-        self.pos = np.zeros(n)
-        self.wait = np.zeros(n)
-        self.mean = np.zeros(n)
-        self.dev = np.zeros(n)
-        self.nobs = np.zeros(n)
-        self.flagged = np.zeros(n, bool)
-        self.own = np.zeros(n)        # the unit's own noise scale (0 until settled)
-        self.ticks = 0
-        self.peak = np.zeros(n)       # the CUSUM's highest value in this excursion...
-        self.rel_pk = np.zeros(n)     # ...and the sums then: the shift ends where it peaks,
-        self.cnt_pk = np.zeros(n)     # so a recovered subject's estimate is not diluted
-
-    def slowdown(self, m: list[int]) -> float:
-        """Mean relative excess from the excursion's start to its peak, pooled over the units
-        m (weighted by their steps: a member's fresh short excursion barely moves it)."""
-        return float(self.rel_pk[m].sum() / max(float(self.cnt_pk[m].sum()), 1.0))
-
-    def own_scale(self, res: np.ndarray, have: np.ndarray, alpha: float, settle: int,
-                  level_s: np.ndarray) -> np.ndarray:
-        """The scale to score ``res`` with: the level's, or the unit's own when noisier; then
-        learn from this step (deviations winsorised, not while the unit is suspect)."""
-        s = np.maximum(level_s, self.own)
-        self.ticks += 1
-        if self.ticks % _LEARN_EVERY and self.ticks > settle:
-            return s
-        w = np.maximum(alpha * _LEARN_EVERY, 1.0 / (self.nobs + 1))
-        d = np.minimum(np.abs(res - self.mean), 3.0 * s)
-        learn = have & ~self.flagged
-        self.mean = np.where(learn, self.mean + w * (res - self.mean), self.mean)
-        self.dev = np.where(learn, self.dev + w * (d - self.dev), self.dev)
-        self.nobs += learn
-        self.own = np.where(self.nobs >= settle, _MEANDEV_TO_SIGMA * self.dev, 0.0)
-        return s
-
-    def step(self, z: np.ndarray, res: np.ndarray, k: np.ndarray, base_s: np.ndarray,
-             have: np.ndarray, step: int, cap: float) -> None:
-        new = self.s + z
-        np.clip(new, 0.0, cap, out=new)
-        if not have.all():
-            new[~have] = self.s[~have]
-        rising = (self.s == 0) & (new > 0)
-        if rising.any():
-            self.start[rising] = step
-            for a in (self.rel, self.cnt, self.pos, self.wait, self.peak):
-                a[rising] = 0.0
-        take = new > 0
-        take &= have
-        excess = np.expm1(res)
-        excess *= take
-        self.rel += np.clip(excess, -0.5, 1.0)
-        self.cnt += take
-        self.pos += take & (res > k)
-        self.wait += np.maximum(excess, 0.0) * base_s
-        top = take & (new >= self.peak)
-        if top.any():
-            self.peak[top] = new[top]
-            self.rel_pk[top] = self.rel[top]
-            self.cnt_pk[top] = self.cnt[top]
-        self.s = new
-
-
-#: A level's spread is measured on at most this many of its units (evenly strided): it only
-#: feeds an EWMA, and two medians over 16,384 ranks were a third of a step's cost.
-_MAD_SAMPLE = 2048
-
-
-def _mad(v: np.ndarray) -> float:
-    if len(v) > _MAD_SAMPLE:
-        v = v[::-(-len(v) // _MAD_SAMPLE)]
-    v = v[np.isfinite(v)]
-    if len(v) < 2:
-        return 0.0
-    return _MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v))))
-
-
 class StragglerDetector:
     """Streaming detector: feed one step's per-rank times to reach the collective, get back
     the findings that are new, updated or resolved at that step.
@@ -280,6 +198,9 @@ class StragglerDetector:
         self._n_units = n_ranks + lay.n_hosts + lay.n_sw
         self._level = np.concatenate([np.zeros(n_ranks, np.int64), np.ones(lay.n_hosts, np.int64),
                                       np.full(lay.n_sw, 2, np.int64)])
+        self._sqrt_size = np.sqrt([1.0, float(np.median(lay.host_size)) if lay.n_hosts else 1.0,
+                                   float(np.median(lay.sw_size)) if lay.n_sw else 1.0])
+        self._k_floor = float(np.log1p(self.config.drift_k))
         self.attempt: int | None = None
         self._open: dict[int, _Open] = {}
         self.reset()
@@ -290,16 +211,21 @@ class StragglerDetector:
         attempt they continue, else they are resolved. ``update`` calls it when its
         ``attempt`` changes."""
         self.attempt = attempt
-        self.units = _Units(self._n_units)
+        # open findings are carried over with the wait they have cost so far
+        old = getattr(self, "_carry_wait", {})
+        self._carry_wait = {u: self._wait(u, o) if o.carried_at is None else old.get(u, 0.0)
+                            for u, o in self._open.items()}
+        for o in self._open.values():
+            o.carried_at = 0
+        self.units = Units(self._n_units)
+        self._sus = np.zeros(self._n_units, bool)
+        self._hot = self._sus
         self.scales = np.full(3, np.nan)
         self.med_ready = np.nan
         self.step_time = np.nan
         self.updates = 0
         self._excl = np.zeros(self.n, bool)
         self._last_step = -1
-        for o in self._open.values():
-            o.carried_at = 0
-        self._carry_wait = {u: self._wait(u, o) for u, o in self._open.items()}
 
     # ------------------------------------------------------------------ scoring
     def update(self, step: int, ready: np.ndarray, *, step_time_s: float | None = None,
@@ -309,111 +235,111 @@ class StragglerDetector:
         (the step's duration) turns the wait into a per-hour figure; without it the median
         ready time stands in. A new ``attempt`` resets the state first (see :meth:`reset`).
         Returns the findings new, updated or resolved at this step."""
-        cfg = self.config
         c = np.asarray(ready, dtype=float)
         if c.shape != (self.n,):
             raise ValueError(f"ready must have shape ({self.n},), got {c.shape}")
+        return self.update_many([step], c[None, :], [step_time_s], attempt=attempt)
+
+    def update_many(self, steps: Sequence[int], ready: np.ndarray,
+                    step_times: Sequence[float | None] | None = None, *,
+                    attempt: int | None = None) -> list[Finding]:
+        """:meth:`update` for consecutive steps of one attempt at once (``ready`` rows x
+        ranks): the same findings, prepared a block at a time (see
+        :mod:`~goodlens.detectors.scoring`)."""
+        m = np.asarray(ready, dtype=float)
+        if m.ndim != 2 or m.shape[1] != self.n:
+            raise ValueError(f"ready must have shape (steps, {self.n}), got {m.shape}")
         if attempt is not None and attempt != self.attempt:
             if self.attempt is None:
                 self.attempt = attempt   # the first attempt seen: nothing stale yet
             else:
                 self.reset(attempt)
-        valid = np.isfinite(c) & (c > 0)
-        if valid.sum() < cfg.min_ranks:
-            return []
-        x = np.where(valid, np.log(np.where(valid, c, 1.0)), np.nan)
-        use = valid & ~self._excl
-        ref = float(np.median(x[use] if use.sum() >= cfg.min_ranks else x[valid]))
-        res, base = self._residuals(x - ref, ref)
-        have = np.isfinite(res)
-        level_s = self._level_scales(res, have)[self._level]
-        u = self.units
-        s = u.own_scale(np.where(have, res, 0.0), have, cfg.own_alpha, cfg.own_min_steps,
-                        level_s)
-        k = np.maximum(np.log1p(cfg.drift_k), cfg.drift_k_sigmas * s)
-        r0 = np.where(have, res, 0.0)
-        z = np.clip((r0 - k) / s, -cfg.step_cap, cfg.step_cap)
-        u.step(z, r0, k, base, have, step, cfg.cusum_cap * cfg.threshold_h)
-        st = step_time_s if step_time_s and step_time_s > 0 else float(np.exp(ref))
-        self.med_ready = _ewma(self.med_ready, float(np.exp(ref)))
+        times = [None] * len(m) if step_times is None else list(step_times)
+        out: list[Finding] = []
+        i = 0
+        while i < len(m):
+            rows = slice(i, min(i + _BLOCK, len(m)))
+            blk = prepare(self.layout, m[rows], self._excl, ~self._sus, self.config.min_ranks)
+            for j in range(len(blk.ref)):
+                i += 1
+                if not blk.scored[j]:
+                    continue
+                out += self._advance(blk, j, int(steps[i - 1]), times[i - 1], attempt)
+                if self._suspects_moved():
+                    break   # the rest of the block is prepared again for the new set
+        return out
+
+    def _advance(self, blk: Block, j: int, step: int, step_time_s: float | None,
+                 attempt: int | None) -> list[Finding]:
+        """The recursive part of one step: noise scales, CUSUMs, findings."""
+        cfg, u = self.config, self.units
+        level_s = self._level_scales(blk.spread[j])[self._level]
+        res = blk.res[j]
+        have = None if blk.have is None else blk.have[j]
+        s = u.own_scale(res, have, cfg.own_alpha, cfg.own_min_steps, level_s)
+        k = np.maximum(self._k_floor, cfg.drift_k_sigmas * s)
+        z = (res - k) / s
+        np.clip(z, -cfg.step_cap, cfg.step_cap, out=z)
+        u.step(z, res, k, blk.base[j], have, step, cfg.cusum_cap * cfg.threshold_h)
+        self._hot = u.s > cfg.suspect_fraction * cfg.threshold_h
+        ref_s = float(np.exp(blk.ref[j]))
+        st = step_time_s if step_time_s and step_time_s > 0 else ref_s
+        self.med_ready = _ewma(self.med_ready, ref_s)
         self.step_time = _ewma(self.step_time, st)
         self.updates += 1
         self._last_step = step
-        self._excl = self._excluded()
         return self._decide(step, attempt)
 
-    def _residuals(self, t: np.ndarray, ref: float) -> tuple[np.ndarray, np.ndarray]:
-        """Every unit's log excess over its siblings' median one level up (NaN where the
-        unit is not scored) and the seconds one unit of relative excess costs there."""
-        lay = self.layout
-        if lay.host is None:
-            return t, np.full(self.n, np.exp(ref))
-        hm = group_median(t, lay.host_members, lay.host_full)       # per host
-        parent_h = np.zeros(lay.n_hosts)                            # each host's parent level
-        sw_res = np.zeros(0)
-        if lay.sw is not None:
-            sm = group_median(hm, lay.sw_members, lay.sw_full)      # per switch
-            parent_h = np.where(lay.sw_split[lay.sw], sm[lay.sw], 0.0)
-            sw_res = np.where(lay.sw_split, sm, np.nan)
-        host_res = np.where(lay.host_split, hm - parent_h, np.nan)
-        parent_r = np.where(lay.host_split[lay.host], hm[lay.host], parent_h[lay.host])
-        res = np.concatenate([t - parent_r, host_res, sw_res])
-        base = np.exp(ref + np.concatenate([parent_r, parent_h, np.zeros(lay.n_sw)]))
-        return res, np.where(np.isfinite(base), base, np.exp(ref))
-
-    def _level_scales(self, res: np.ndarray, have: np.ndarray) -> np.ndarray:
+    def _level_scales(self, spread: np.ndarray) -> np.ndarray:
         """Per level (rank, host, switch) the noise scale: the spread across the level's
-        non-suspect units (EWMA), never under what the level below implies for a median of
-        its size, and a half more where too few units make a spread unreliable."""
-        cfg, lay = self.config, self.layout
-        quiet = have & ~self.units.flagged & (self.units.s <= cfg.suspect_fraction
-                                              * cfg.threshold_h)
-        n = self.n
+        quiet subjects (EWMA), never under what the level below implies for a median of
+        its size, and a half more where too few subjects make a spread unreliable."""
+        cfg = self.config
         out = np.empty(3)
         prev = cfg.scale_floor
-        sizes = (1.0, float(np.median(lay.host_size)) if lay.n_hosts else 1.0,
-                 float(np.median(lay.sw_size)) if lay.n_sw else 1.0)
-        bounds = (0, n, n + lay.n_hosts, n + lay.n_hosts + lay.n_sw)
         for lv in range(3):
-            sel = quiet[bounds[lv]:bounds[lv + 1]]
-            v = res[bounds[lv]:bounds[lv + 1]][sel]
-            floor = prev if lv == 0 else _MEDIAN_SE * prev / np.sqrt(sizes[lv])
-            est = _mad(v) if len(v) >= 8 else 1.5 * floor
+            floor = prev if lv == 0 else _MEDIAN_SE * prev / self._sqrt_size[lv]
+            est = spread[lv] if np.isfinite(spread[lv]) else 1.5 * floor
             now = max(est, floor, cfg.scale_floor)
             old = self.scales[lv]
             self.scales[lv] = now if np.isnan(old) else (
                 (1 - cfg.scale_alpha) * old + cfg.scale_alpha * now)
-            out[lv] = max(self.scales[lv], cfg.scale_floor)
-            prev = out[lv]
+            out[lv] = prev = max(self.scales[lv], cfg.scale_floor)
         return out
 
-    def _excluded(self) -> np.ndarray:
-        """Ranks covered by a suspect or flagged subject: left out of the next reference."""
-        cfg, lay, u = self.config, self.layout, self.units
-        sus = u.flagged | (u.s > cfg.suspect_fraction * cfg.threshold_h)
-        if not sus.any():
-            return np.zeros(self.n, bool)
+    def _suspects_moved(self) -> bool:
+        """Refresh the suspect set (flagged, or past a share of the threshold) and the ranks
+        it leaves out of the reference; True when it changed."""
+        lay, u = self.layout, self.units
+        if not self._hot.any() and not self._sus.any():
+            return False   # the common case: nothing suspect before or now
+        sus = u.flagged | self._hot
+        if np.array_equal(sus, self._sus):
+            return False
+        self._sus = sus
         ex = sus[:self.n].copy()
         if lay.host is not None:
             ex |= sus[self.n:self.n + lay.n_hosts][lay.host]
             if lay.sw is not None:
                 ex |= sus[self.n + lay.n_hosts:][lay.sw[lay.host]]
-        return ex
+        self._excl = ex
+        return True
 
     # ------------------------------------------------------------------ findings
     def _decide(self, step: int, attempt: int | None) -> list[Finding]:
         cfg, u = self.config, self.units
         out: list[Finding] = []
-        for i in np.flatnonzero(u.flagged & (u.s == 0)):
-            u.flagged[i] = False
-            if int(i) in self._open:
-                out.append(self._emit(int(i), step, attempt, "resolved"))
+        if self._sus.any():   # (flagged units are suspect: nothing to resolve otherwise)
+            for i in np.flatnonzero(u.flagged & (u.s == 0)):
+                u.flagged[i] = False
+                if int(i) in self._open:
+                    out.append(self._emit(int(i), step, attempt, "resolved"))
         for g, o in list(self._open.items()):
             if o.members is not None and not u.flagged[o.members].any():
                 out.append(self._emit(g, step, attempt, "resolved"))
-        if self.updates >= cfg.min_steps:
-            new = (u.s > cfg.threshold_h) & (u.pos >= cfg.persist_steps) & ~u.flagged
-            for i in np.flatnonzero(new):
+        if self.updates >= cfg.min_steps and self._hot.any():
+            over = np.flatnonzero((u.s > cfg.threshold_h) & ~u.flagged)
+            for i in over[u.pos(over) >= cfg.persist_steps]:
                 if u.flagged[i]:   # taken into a roll-up at this step
                     continue
                 i, members = self._rollup(int(i))
@@ -465,10 +391,9 @@ class StragglerDetector:
             on = u.flagged[o.members].any() if o.members is not None else u.flagged[i]
             if not on or self.updates - o.emitted_at < cfg.update_every:
                 continue
-            f = self._finding(i, step, attempt, o)
-            moved = abs(f.slowdown - o.slow) >= cfg.update_change * max(abs(o.slow),
-                                                                        cfg.drift_k)
-            if moved or f.action != o.action:
+            slow, action = self._estimate(i, o)
+            moved = abs(slow - o.slow) >= cfg.update_change * max(abs(o.slow), cfg.drift_k)
+            if moved or action != o.action:
                 out.append(self._emit(i, step, attempt, "update"))
         return out
 
@@ -501,22 +426,33 @@ class StragglerDetector:
         return "switch", i - n - lay.n_hosts
 
     def _wait(self, i: int, o: _Open) -> float:
-        w = self.units.wait[o.members] if o.members is not None else self.units.wait[[i]]
+        w = self.units.wait(o.members if o.members is not None else [i])
         return o.wait_before + float(w.max())
+
+    def _estimate(self, i: int, o: _Open) -> tuple[float, str]:
+        """(slowdown, action) of an open finding now: cheap, checked at every step (a
+        finding carried over a restart and not seen again keeps its last estimate)."""
+        cfg, u = self.config, self.units
+        if o.carried_at is not None:
+            return o.slow, o.action
+        m = o.members if o.members is not None else [i]
+        slow = u.slowdown(m)
+        lasted = float(u.c_cnt[i] - u.b_cnt[i]) if o.members is None else \
+            float(np.median(u.cnt(m)))
+        return slow, ("evict" if slow >= cfg.evict_min_slowdown
+                      and lasted >= cfg.evict_min_steps else "watch")
 
     def _finding(self, i: int, step: int, attempt: int | None, o: _Open) -> Finding:
         cfg, u, lay = self.config, self.units, self.layout
         kind, idx = self._subject(i)
         members = [idx] if kind == "rank" else [int(r) for r in lay.rank_units(kind, idx)]
         m = o.members if o.members is not None else [i]
-        slow = u.slowdown(m)
+        slow, action = self._estimate(i, o)
         wait = self._wait(i, o) if o.carried_at is None else o.wait_before + \
             self._carry_wait.get(i, 0.0)
         per_hour = max(slow, 0.0) * self.med_ready * 3600.0 / self.step_time
         score = float(np.median(u.s[m]))
         conf = float(np.clip(1.0 - 0.5 * cfg.threshold_h / max(score, 1e-9), 0.0, 1.0))
-        action = ("evict" if slow >= cfg.evict_min_slowdown
-                  and np.median(u.cnt[m]) >= cfg.evict_min_steps else "watch")
         host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
             None, None, "the rest of the job")
         return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
@@ -540,7 +476,7 @@ def ready_column(steps: pd.DataFrame) -> pd.Series:
     collective wait was reported, else ``compute_s + data_wait_s`` (data wait 0 if absent),
     else NaN (a ``ready_s`` column, when present, is taken as is)."""
     if "ready_s" in steps:
-        return steps["ready_s"].astype(float)
+        return steps["ready_s"]
     nan = pd.Series(np.nan, index=steps.index)
     comp = steps["compute_s"].astype(float) if "compute_s" in steps else nan
     data = steps["data_wait_s"].astype(float).fillna(0.0) if "data_wait_s" in steps else 0.0
@@ -560,17 +496,35 @@ def detect_stragglers(steps: pd.DataFrame, config: StragglerConfig | None = None
     report. Without a topology, hosts come from the ``host`` column (no switch level)."""
     if steps.empty:
         return []
-    sm = frame_matrix(steps.assign(ready_s=ready_column(steps)), "ready_s")
+    att = steps["attempt"].to_numpy() if "attempt" in steps else np.zeros(len(steps), np.int64)
+    dur = steps["duration_s"].to_numpy(float) if "duration_s" in steps else None
+    sm = step_matrix(att, steps["step"].to_numpy(), steps["rank"].to_numpy(),
+                     ready_column(steps).to_numpy(float), dur)
     n = sm.n_ranks
     if topology is None and "host" in steps:
         hosts = steps.drop_duplicates("rank").set_index("rank")["host"]
         topology = Topology.from_hosts([str(hosts.get(r, f"rank-{r}")) for r in range(n)])
-    det = StragglerDetector(config, n, topology)
+    return detect_matrix(sm, config, topology)
+
+
+def detect_matrix(sm: StepMatrix, config: StragglerConfig | None = None,
+                  topology: Topology | None = None) -> list[Finding]:
+    """:func:`detect_stragglers` on a steps x ranks matrix of times to reach the collective
+    (rows in attempt, step order), each attempt fed a block of steps at a time."""
+    if not sm.values.size:
+        return []
+    det = StragglerDetector(config, sm.n_ranks, topology)
     latest: dict[str, Finding] = {}   # insertion order: order of first report
-    for a, s, row, d in zip(sm.attempts, sm.steps, sm.values, sm.duration):
-        for f in det.update(int(s), row, step_time_s=None if np.isnan(d) else float(d),
-                            attempt=int(a)):
-            latest[f.id] = f
+    cuts = np.flatnonzero(np.diff(sm.attempts)) + 1
+    for rows in np.split(np.arange(len(sm.attempts)), cuts):
+        d = sm.duration[rows]
+        for lo in range(0, len(rows), _BLOCK):
+            part = rows[lo:lo + _BLOCK]
+            for f in det.update_many(sm.steps[part], sm.values[part],
+                                     np.where(np.isnan(d[lo:lo + _BLOCK]), 0.0,
+                                              d[lo:lo + _BLOCK]),
+                                     attempt=int(sm.attempts[rows[0]])):
+                latest[f.id] = f
     for f in det.active():
         latest[f.id] = f
     return list(latest.values())

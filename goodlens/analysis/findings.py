@@ -12,7 +12,10 @@ import dataclasses
 import json
 from typing import Any
 
-from goodlens.detectors.stragglers import Finding, Topology, detect_stragglers
+import numpy as np
+
+from goodlens.detectors.matrix import StepMatrix
+from goodlens.detectors.stragglers import Finding, Topology, detect_matrix
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
@@ -36,17 +39,19 @@ def detect_run(source: RunReader, run_id: str) -> list[Finding]:
     info = source.run(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
-    steps = source.ready_times(run_id)
-    if not len(steps):
+    keys, values = source.ready_matrix(run_id)
+    if not values.size:
         return []
+    n = values.shape[1]
     topology = None
     hosts = source.rank_hosts(run_id)
-    n = int(steps["rank"].max()) + 1
     if len(hosts) and hosts.host.notna().all():
         by_rank = dict(zip(hosts["rank"], hosts.host))
         if all(r in by_rank for r in range(n)):
             topology = Topology.from_run([by_rank[r] for r in range(n)], run_tags(info))
-    return detect_stragglers(steps, topology=topology)
+    sm = StepMatrix(keys.attempt.to_numpy(np.int64), keys.step.to_numpy(np.int64), values,
+                    keys.duration_s.to_numpy(float))
+    return detect_matrix(sm, topology=topology)
 
 
 def stored_findings(source: RunReader, run_id: str) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -115,15 +116,28 @@ class SqlReader:
         return self._df(f"SELECT * EXCLUDE (run_id) FROM steps WHERE {where} "
                         "ORDER BY attempt, step, rank", params)
 
-    def ready_times(self, run_id: str) -> pd.DataFrame:
-        """Per rank-step only what the straggler detector needs (``attempt, step, rank,
-        ready_s, duration_s``; ``ready_s`` the time to reach the collective, float32), in no
-        particular order: a lean read of millions of rows (no host strings, no sort)."""
+    def ready_matrix(self, run_id: str) -> tuple[pd.DataFrame, np.ndarray]:
+        """What the straggler detector reads, laid out for it: the run's steps in (attempt,
+        step) order with each step's median duration (``attempt, step, duration_s``), and a
+        steps x ranks float32 matrix of each rank's time to reach the collective (NaN: no
+        report). The row of each rank-step is computed in the query, so millions of rows
+        cost three narrow columns and one scatter, not a frame and a sort."""
         from goodlens.storage.schema import READY
-        return self._cursor().execute(
-            f"SELECT attempt::INTEGER AS attempt, step, rank::INTEGER AS rank, "
-            f"({READY})::FLOAT AS ready_s, duration_s::FLOAT AS duration_s FROM steps "
-            "WHERE run_id = ?", [run_id]).df()
+        cur = self._cursor()
+        keys = cur.execute(
+            "SELECT attempt, step, duration_median AS duration_s FROM step_summaries "
+            "WHERE run_id = ? ORDER BY attempt, step", [run_id]).df()
+        got = cur.execute(f"""
+            WITH k AS (SELECT attempt, step, (row_number() OVER (ORDER BY attempt, step) - 1)
+                         ::INTEGER AS row FROM step_summaries WHERE run_id = $run)
+            SELECT k.row, s.rank::INTEGER AS rank,
+              coalesce(({READY})::FLOAT, 'NaN'::FLOAT) AS ready
+            FROM steps s JOIN k ON s.attempt = k.attempt AND s.step = k.step
+            WHERE s.run_id = $run""", {"run": run_id}).fetchnumpy()
+        ranks = int(got["rank"].max()) + 1 if len(got["rank"]) else 0
+        m = np.full((len(keys), ranks), np.nan, np.float32)
+        m[got["row"], got["rank"]] = got["ready"]
+        return keys, m
 
     def step_range(self, run_id: str, attempt: int) -> tuple[int, int, int] | None:
         """``(first step, last step, ranks)`` of one attempt's summaries, None when empty."""

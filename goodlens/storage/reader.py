@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -37,7 +38,7 @@ class RunReader(Protocol):
               step_max: int | None = None, ranks: list[int] | None = None
               ) -> pd.DataFrame: ...
 
-    def ready_times(self, run_id: str) -> pd.DataFrame: ...
+    def ready_matrix(self, run_id: str) -> tuple[pd.DataFrame, np.ndarray]: ...
 
     def step_range(self, run_id: str, attempt: int) -> tuple[int, int, int] | None: ...
 

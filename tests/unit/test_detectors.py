@@ -205,6 +205,9 @@ def test_a_rank_still_slow_after_a_restart_continues_its_finding():
     assert any(f.status == "update" and f.attempt == 1 for f in sevens)
     (now,) = [f for f in det.active() if f.subject_id == 7]
     assert now.straggler_wait_s > wait0 and now.first_step == sevens[0].first_step
+    # the wait carried over is attempt 0's: attempt 1's own part is its excess since onset
+    carried = next(f for f in out if f.subject_id == 7 and f.attempt == 1)
+    assert carried.straggler_wait_s >= wait0
     assert [f.subject_id for f in out if f.status == "new"] == [7, 20]
 
 
