@@ -106,14 +106,15 @@ def _register_routing(app: dash.Dash, data: RunData) -> None:
 
 def _register_run_pages(app: dash.Dash, data: RunData) -> None:
     """Overview and checkpoints: redrawn on the timer only when the run's version moved."""
-    def refreshing(page: str, outputs: list[Output], build: Any) -> None:
+    def refreshing(page: str, outputs: list[Output], build: Any, controls: tuple = ()) -> None:
         """A page that redraws on the timer only when its run's version moved: ``build``
-        gives the values of ``outputs`` for a run id (the first output says when the run
-        is gone)."""
+        gives the values of ``outputs`` for a run id and the values of the ``controls``
+        inputs (the first output says when the run is gone)."""
         @app.callback(*outputs, Output(f"{page}-version", "data"),
-                      Input("tick", "n_intervals"), Input("url", "pathname"),
+                      Input("tick", "n_intervals"), Input("url", "pathname"), *controls,
                       State(f"{page}-version", "data"))
-        def refresh(_: Any, pathname: str | None, shown: Any) -> tuple:
+        def refresh(_: Any, pathname: str | None, *rest: Any) -> tuple:
+            *values, shown = rest
             n = len(outputs)
             kind, run_id = parse_path(pathname)
             if kind != page or run_id is None:
@@ -124,17 +125,21 @@ def _register_run_pages(app: dash.Dash, data: RunData) -> None:
             live = dash.ctx.triggered_id == "tick"
             if shown is not None and list(v) == list(shown) and live:
                 return (NO,) * (n + 1)
-            return (*_to_graphs(outputs, build(run_id), live), list(v))
+            return (*_to_graphs(outputs, build(run_id, *values), live), list(v))
 
     refreshing("checkpoints", [Output("checkpoints-body", "children")],
                lambda r: (pages.checkpoints_body(data.checkpoints(r)),))
 
-    # the overview's graphs stay mounted and get new figures (a live redraw keeps zoom)
-    def overview(run_id: str) -> tuple:
-        parts = pages.overview_parts(data.overview(run_id))
-        return tuple(parts[i] for i in (*pages.OVERVIEW_DIVS, *pages.OVERVIEW_GRAPHS))
+    # the overview's graphs stay mounted and get new figures (a live redraw keeps zoom);
+    # its exclusion checklist takes named parts out of the wall-clock (report --exclude)
+    def overview(run_id: str, exclude: list[str] | None) -> tuple:
+        parts = pages.overview_parts(data.overview(run_id, tuple(exclude or ())))
+        return tuple(parts[i] for i in (*pages.OVERVIEW_DIVS, *pages.OVERVIEW_GRAPHS,
+                                        "overview-exclude"))
     refreshing("overview", [Output(i, "children") for i in pages.OVERVIEW_DIVS]
-               + [Output(f"{i}-next", "data") for i in pages.OVERVIEW_GRAPHS], overview)
+               + [Output(f"{i}-next", "data") for i in pages.OVERVIEW_GRAPHS]
+               + [Output("overview-exclude", "options")], overview,
+               (Input("overview-exclude", "value"),))
 
 
 def _register_ranks(app: dash.Dash, data: RunData) -> None:

@@ -121,18 +121,21 @@ class RunData:
                         "goodput": gp})
         return out
 
-    def overview(self, run_id: str) -> dict[str, Any] | None:
-        """Headline, breakdown, per-attempt rows, rolling goodput and the timeline's data."""
+    def overview(self, run_id: str, exclude: tuple[str, ...] = ()) -> dict[str, Any] | None:
+        """Headline, breakdown, per-attempt rows, rolling goodput and the timeline's data;
+        ``exclude``: named parts taken out of the wall-clock (as ``report --exclude``)."""
         v = self.version(run_id)
         if v is None:
             return None
-        return self._cached(("overview", run_id, v), lambda: self._overview(run_id))
+        ex = tuple(sorted({x for x in exclude if x}))
+        return self._cached(("overview", run_id, v, ex), lambda: self._overview(run_id, ex))
 
-    def _overview(self, run_id: str) -> dict[str, Any]:
+    def _overview(self, run_id: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
         acc = account_run(self.store, run_id)
-        rep = acc.breakdown().as_dict()
-        rep["attempts"] = [b.as_dict() for b in acc.by_attempt()]
-        series = acc.goodput_series(points=self.config.series_points)
+        rep = acc.breakdown(exclude=exclude).as_dict()
+        rep["attempts"] = [b.as_dict() for b in acc.by_attempt(exclude)]
+        rep["excludable"] = excludable(acc.breakdown().as_dict())
+        series = acc.goodput_series(points=self.config.series_points, exclude=exclude)
         events = self.store.events(run_id, kinds=[
             EventKind.FAILURE_DETECTED, EventKind.ATTEMPT_END, EventKind.PREEMPTED,
             EventKind.RANK_EVICTED, EventKind.RANK_JOINED, EventKind.WORLD_RESIZED,
@@ -250,6 +253,14 @@ def _goodput(store: RunReader, run_id: str) -> float | None:
     except (KeyError, ValueError):
         return None
     return b.goodput if b.wall_clock_s > 0 else None
+
+
+def excludable(rep: dict[str, Any]) -> list[str]:
+    """The named parts of a run's breakdown that an exclusion can take out of its
+    wall-clock: the restart's and other's parts that hold time (``queue``, a custom label
+    such as ``maintenance``...), in the report's order."""
+    parts = [*rep.get("restart_parts", {}).items(), *rep.get("other_parts", {}).items()]
+    return [name for name, v in parts if v and name != "unattributed"]
 
 
 def _timeline_events(ev: pd.DataFrame) -> pd.DataFrame:

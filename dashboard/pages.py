@@ -113,6 +113,9 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
         _card("Wall-clock", _dur(wall), "headline-wall", f"{wall:.2f} s"),
         _card("Attempts", str(len(rep["attempts"])), "headline-attempts"),
         _state_card(state, rep),
+        *([_card("Excluded", _dur(sum(rep["excluded"].values())), "headline-excluded",
+                 ", ".join(f"{k} {v:.2f} s" for k, v in rep["excluded"].items()))]
+          if rep.get("excluded") else []),
     ], className="gl-cards")
     rows, ids = [], []
     for b in BUCKETS:
@@ -140,9 +143,22 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
                        "steps kept", "steps redone"], att_rows, id="attempt-table")
     end = rep["end"] if rep["end"] is not None else 0.0
     return {"ov-cards": cards, "ov-buckets": buckets, "ov-attempts": attempts,
+            "overview-exclude": _exclude_options(rep),
             "breakdown-graph": fig.breakdown_figure(rep),
             "series-graph": fig.goodput_series_figure(d["series"]),
             "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end)}
+
+
+def _exclude_options(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """The exclusion checklist's choices: each named part that holds time (with its time),
+    and any part excluded now (so it stays there to be put back)."""
+    held = {**rep.get("restart_parts", {}), **rep.get("other_parts", {})}
+    names = list(dict.fromkeys([*rep.get("excludable", []), *rep.get("excluded", {})]))
+    out = []
+    for name in names:
+        secs = rep.get("excluded", {}).get(name, held.get(name, 0.0))
+        out.append({"label": f" {name} ({_dur(secs)})", "value": name})
+    return out
 
 
 def live_graph(gid: str, parts: dict[str, Any]) -> html.Div:
@@ -167,6 +183,13 @@ def overview_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
 
     return html.Div([
         html.Div(p.get("ov-cards"), id="ov-cards"),
+        html.Div([html.Span("Exclude from the wall-clock: ", className="gl-note"),
+                  dcc.Checklist(id="overview-exclude", options=p.get("overview-exclude", []),
+                                value=[], inline=True,
+                                inputStyle={"margin-left": "1em"})],
+                 id="ov-exclude", title="Take these parts out of the wall-clock entirely, "
+                 "as `goodlens report --exclude` does (e.g. the scheduler's queue, a planned "
+                 "maintenance window)"),
         html.Div([html.Div(p.get("ov-buckets"), id="ov-buckets", className="gl-col"),
                   html.Div(live_graph("breakdown-graph", p), className="gl-col-wide")],
                  className="gl-row"),

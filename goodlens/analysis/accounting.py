@@ -232,9 +232,11 @@ class Accounting:
                                                               None)
         return out
 
-    def goodput_series(self, window_s: float | None = None, points: int = 200) -> pd.DataFrame:
+    def goodput_series(self, window_s: float | None = None, points: int = 200,
+                       exclude: Iterable[str] = ()) -> pd.DataFrame:
         """Rolling goodput: for ``points`` window ends across the run, the productive share
-        (and every bucket's share) of the preceding ``window_s`` (default: 1/20 of the run)."""
+        (and every bucket's share) of the preceding ``window_s`` (default: 1/20 of the run),
+        with the parts ``exclude`` names out of each window's wall-clock."""
         if not len(self.seg_start) or not self.end > self.start:
             return pd.DataFrame(columns=["time", "goodput", *BUCKETS])
         span = self.end - self.start
@@ -242,7 +244,9 @@ class Accounting:
         ends = np.linspace(self.start + min(w, span), self.end, points)
         lo = np.maximum(self.start, ends - w)
         per_key = self.cumulative(ends) - self.cumulative(lo)
-        wall = ends - lo
+        out_keys = self.excluded_keys(exclude)
+        wall = ends - lo - per_key[:, out_keys].sum(axis=1)
+        per_key[:, out_keys] = 0.0
         share = np.divide(per_key, wall[:, None], out=np.zeros_like(per_key),
                           where=wall[:, None] > 0)
         out = {"time": ends}

@@ -71,6 +71,26 @@ def test_overview_numbers_equal_the_report(loaded: Collector, dash_br) -> None:
     _no_console_errors(dash_br)
 
 
+def test_an_exclusion_on_the_overview_equals_the_report_with_it(loaded: Collector,
+                                                                  dash_br) -> None:
+    """Ticking ``queue`` in the overview's exclusion checklist (a real click) shows the
+    numbers ``/v1/report?exclude=queue`` gives; unticking it brings the plain ones back."""
+    _, plain = http("GET", loaded.url + "/v1/report?run=sim-64")
+    _, rep = http("GET", loaded.url + "/v1/report?run=sim-64&exclude=queue")
+    assert rep["excluded"]["queue"] > 0 and rep["goodput"] > plain["goodput"]
+    dash_br.server_url = loaded.url + "/runs/sim-64"
+    dash_br.wait_for_element("#overview-exclude input[value='queue']", timeout=30)
+    dash_br.find_element("#overview-exclude input[value='queue']").click()
+    assert wait_until(lambda: _attr(dash_br, "#headline-goodput") == f"{rep['goodput']:.6f}")
+    assert _attr(dash_br, "#headline-wall") == f"{rep['wall_clock_s']:.2f} s"
+    assert _attr(dash_br, "#bucket-restart") == f"{rep['buckets']['restart']:.2f} s"
+    assert dash_br.find_element("#headline-excluded").text
+    dash_br.find_element("#overview-exclude input[value='queue']").click()
+    assert wait_until(lambda: _attr(dash_br, "#headline-goodput") ==
+                      f"{plain['goodput']:.6f}")
+    _no_console_errors(dash_br)
+
+
 @pytest.mark.parametrize("run", ["sim-64", "demo-8x"])
 def test_every_page_renders_without_console_errors(loaded: Collector, dash_br, run: str
                                                    ) -> None:

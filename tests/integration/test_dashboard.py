@@ -343,3 +343,25 @@ def test_heatmap_scans_the_latest_steps_unless_asked_for_all(tmp_path: Path) -> 
     finally:
         store.close()
 
+
+
+def test_overview_exclusions_equal_the_report_with_the_same_exclusions(sim64: Store) -> None:
+    """The overview's exclusion checklist takes the same parts out as ``report --exclude``:
+    queue (the scheduler's wait, 40.8 s in this run's ground truth) leaves the wall-clock,
+    every bucket and each attempt's row agree with the report, and the rolling goodput
+    is computed without it too."""
+    data = RunData(sim64)
+    plain = data.overview("sim-64")
+    assert "queue" in plain["report"]["excludable"]
+    d = data.overview("sim-64", ("queue",))
+    rep = report_dict(sim64, "sim-64", exclude=["queue"])
+    assert d["report"]["wall_clock_s"] == pytest.approx(rep["wall_clock_s"], abs=1e-9)
+    assert d["report"]["wall_clock_s"] == pytest.approx(
+        plain["report"]["wall_clock_s"] - plain["report"]["restart_parts"]["queue"], abs=1e-6)
+    assert d["report"]["excluded"] == pytest.approx({"queue": 40.81499468971742}, abs=1e-6)
+    assert d["report"]["buckets"] == pytest.approx(rep["buckets"], abs=1e-9)
+    assert [a["goodput"] for a in d["report"]["attempts"]] == \
+        pytest.approx([a["goodput"] for a in rep["attempts"]], abs=1e-12)
+    assert d["series"].goodput.iloc[-1] >= plain["series"].goodput.iloc[-1]
+    parts = pages.overview_parts(d)
+    assert {o["value"] for o in parts["overview-exclude"]} >= {"queue"}
