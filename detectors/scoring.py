@@ -186,20 +186,25 @@ class Units:
     def step(self, z: np.ndarray, res: np.ndarray, k: np.ndarray, base_s: np.ndarray,
              have: np.ndarray | None, step: int, cap: float) -> None:
         """One step of every unit's CUSUM and running totals (``res`` 0 where not scored)."""
+        # (np.where, not np.copyto(where=): the latter is ~10x slower on 19k units here)
         new = self.s + z
-        np.clip(new, 0.0, cap, out=new)
+        np.maximum(new, 0.0, out=new)
+        np.minimum(new, cap, out=new)
         if have is not None:
-            np.copyto(new, self.s, where=~have)
+            new = np.where(have, new, self.s)
         on = new > 0
         rising = on & (self.s == 0)
         if rising.any():   # an excursion begins: its sums count from the totals so far
             self.start[rising] = step
-            for c, b in ((self.c_rel, self.b_rel), (self.c_cnt, self.b_cnt),
-                         (self.c_pos, self.b_pos), (self.c_wait, self.b_wait)):
-                np.copyto(b, c, where=rising)
+            self.b_rel = np.where(rising, self.c_rel, self.b_rel)
+            self.b_cnt = np.where(rising, self.c_cnt, self.b_cnt)
+            self.b_pos = np.where(rising, self.c_pos, self.b_pos)
+            self.b_wait = np.where(rising, self.c_wait, self.b_wait)
             self.peak[rising] = 0.0
         exc = np.expm1(res)
-        self.c_rel += np.clip(exc, -0.5, 1.0)
+        rel = np.minimum(exc, 1.0)
+        np.maximum(rel, -0.5, out=rel)
+        self.c_rel += rel
         self.c_cnt += 1.0 if have is None else have
         self.c_pos += res > k
         np.maximum(exc, 0.0, out=exc)
@@ -207,7 +212,7 @@ class Units:
         self.c_wait += exc
         top = new >= self.peak
         top &= on
-        np.copyto(self.peak, new, where=top)
-        np.copyto(self.p_rel, self.c_rel, where=top)
-        np.copyto(self.p_cnt, self.c_cnt, where=top)
+        self.peak = np.where(top, new, self.peak)
+        self.p_rel = np.where(top, self.c_rel, self.p_rel)
+        self.p_cnt = np.where(top, self.c_cnt, self.p_cnt)
         self.s = new
