@@ -18,6 +18,10 @@ competition for this machine's CPUs:
 
 Target: at most 1% overhead on the median step time, for the in-process row.
 
+The cost of each way of timing the collectives (``exposed``, the default, and the ``hook``
+mode), side by side in one job with steps alternating between an instrumented and a plain
+model, is ``bench/torch_modes.py`` (``--collective-modes`` here runs it).
+
     .venv/bin/python bench/torch_overhead.py [--steps 300] [--repeats 3] [--compute-ms 20]
         [--modes off,sink,nice,normal]
 """
@@ -196,7 +200,16 @@ def main() -> int:
                     help="skip the single-process CPU measurement of the sink mode")
     ap.add_argument("--nice-collector", action="store_true",
                     help="shorthand for --modes off,nice (the earlier command line)")
-    args = ap.parse_args()
+    ap.add_argument("--collective-modes", action="store_true",
+                    help="run bench/torch_modes.py (each collective-timing mode side by side "
+                         "in one job) instead")
+    args, rest = ap.parse_known_args()
+    if args.collective_modes:
+        from bench import torch_modes
+        sys.argv = [str(Path(torch_modes.__file__)), *rest]
+        return torch_modes.main()
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     modes = ["off", "nice"] if args.nice_collector else \
         ["off"] + [m for m in args.modes.split(",") if m and m != "off"]
     unknown = set(modes) - set(MODES)

@@ -10,37 +10,50 @@ hang), and the worked example of the lines a user adds to a loop (marked ``# goo
 Faults (each on the first attempt only where a restart would otherwise repeat it):
 ``--slow-rank R --slow-pct X --slow-from S`` sleeps X% of the simulated compute more on
 rank R from step S; ``--kill-rank R --kill-at S`` exits rank R abruptly (``os._exit``);
-``--hang-rank R --hang-at S`` sleeps forever in rank R (the others block in all-reduce).
+``--hang-rank R --hang-at S`` sleeps forever in rank R (the others block in all-reduce);
+``--kill-how raise`` makes the crash an unhandled exception instead, ``kill`` a SIGKILL.
+``--truth-dir D``: every rank appends its own clock readings (process start as the script
+saw it, each step's start and end, the restore, the crash instant) to
+``D/rank<R>-attempt<A>.jsonl``, line by line, so a test compares goodlens with the job's
+own clock.
 Each step's compute is the MLP's forward/backward plus ``--compute-ms`` of sleep, so the
 injected delay is known exactly: slowed steps x compute_ms x pct / 100.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import re
-import sys
 import time
-from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
+T_SCRIPT = time.time()  # before the heavy imports: the job's own clock of its start-up
 
-from goodlens.exporter import RankExporter  # goodlens
-from goodlens.exporter import torch as gl  # goodlens
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from goodlens.exporter import RankExporter  # noqa: E402  # goodlens
+from goodlens.exporter import torch as gl  # noqa: E402  # goodlens
 
 DIM = 32
 
 
-def make_model(seed: int = 0) -> nn.Module:
-    """The MLP every rank trains (same initial weights everywhere)."""
+def make_model(hidden: int = 64, layers: int = 1, seed: int = 0) -> nn.Module:
+    """The MLP every rank trains (same initial weights everywhere): ``layers`` hidden layers
+    of width ``hidden`` (512 x 2: 280k parameters, a 1.1 MB gradient)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 1))
+    mods: list[nn.Module] = [nn.Linear(DIM, hidden), nn.ReLU()]
+    for _ in range(layers - 1):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*mods, nn.Linear(hidden, 1))
 
 
 def batch(step: int, rank: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-from", type=int, default=0)
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-at", type=int, default=-1)
+    p.add_argument("--kill-how", choices=("exit", "raise", "kill"), default="exit",
+                   help="the crash: os._exit(1), an unhandled exception, or SIGKILL")
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-at", type=int, default=-1)
     p.add_argument("--run-id", default=os.environ.get("GOODLENS_RUN_ID", "train-ddp"))
@@ -74,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rank 0 writes its step wall times (s), one per line, to this file")
     p.add_argument("--flush-interval", type=float, default=0.2,
                    help="exporter flush interval in seconds")
+    p.add_argument("--collectives", default="auto", choices=("auto", "exposed", "hook", "off"),
+                   help="how goodlens times DDP's collectives (see docs/pytorch.md)")
+    p.add_argument("--hidden", type=int, default=64, help="width of the MLP's hidden layers")
+    p.add_argument("--layers", type=int, default=1, help="hidden layers of the MLP")
+    p.add_argument("--truth-dir", default=None,
+                   help="every rank appends its own clock readings here (tests)")
     return p.parse_args(argv)
 
 
@@ -88,34 +109,46 @@ def latest_checkpoint(ckpt_dir: Path) -> tuple[int, Path] | None:
     return best
 
 
-def init_process_group() -> None:
-    """gloo init that survives torchrun restarts: a fresh key prefix per attempt.
+class Truth:
+    """The job's own clock: JSON lines appended (and flushed) as things happen, so a rank
+    killed mid-run leaves every line it wrote."""
 
-    torchrun's store outlives an attempt, and on a restart gloo may read the addresses the
-    dead attempt published and fail to connect; prefixing the keys with the restart count
-    keeps each attempt's rendezvous apart.
-    """
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timedelta(seconds=60))
-    prefix = f"goodlens-attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store),
-                            rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]))
+    def __init__(self, folder: str | None, rank: int, attempt: int) -> None:
+        self.f = None
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self.f = open(Path(folder) / f"rank{rank}-attempt{attempt}.jsonl", "a")  # noqa: SIM115
+            self.write("script_start", t=T_SCRIPT)
+
+    def write(self, kind: str, **values: Any) -> None:
+        if self.f is not None:
+            self.f.write(json.dumps({"kind": kind, **values}) + "\n")
+            self.f.flush()
+
+
+def crash(how: str) -> None:
+    """The injected crash of ``--kill-rank``."""
+    if how == "raise":
+        raise RuntimeError("injected crash")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(1)  # a crash: no flush, no cleanup
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    init_process_group()
+    gl.init_process_group("gloo")  # goodlens: survives a torchrun restart (docs/pytorch.md)
     rank = dist.get_rank()
     # goodlens: one exporter per rank; rank, world size and attempt come from torchrun's env
     exp = RankExporter.from_env(run_id=args.run_id, url=args.url,
                                 flush_interval_s=args.flush_interval,
                                 **({"enabled": False} if args.no_goodlens else {}))
     attempt = exp.attempt
-    model = DDP(make_model())
-    if not args.no_goodlens:
-        gl.instrument(model, exp)  # goodlens: collective wait per step; emits attempt_start
+    truth = Truth(args.truth_dir, rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    model = DDP(make_model(args.hidden, args.layers))
+    if not args.no_goodlens:  # goodlens: collective wait per step; emits attempt_start
+        gl.instrument(model, exp, collectives=args.collectives)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.MSELoss()
 
@@ -127,14 +160,17 @@ def main(argv: list[str] | None = None) -> int:
         if found[0] is not None:
             step_done, path = found[0]
             state = {"model": model.state_dict()}
+            t0 = time.time()
             gl.load_checkpoint(state, path, exp, step=step_done)  # goodlens: restore timing
             model.load_state_dict(state["model"])
+            truth.write("restore", t0=t0, t1=time.time(), step=step_done)
             start = step_done + 1
     pending: Any = None
     compute_s = args.compute_ms / 1000.0
     wall: list[float] = []
     for step in range(start, args.steps):
         t_step = time.perf_counter()
+        t0 = time.time()
         with exp.step(step):  # goodlens: times the step
             with exp.phase("data"):  # goodlens: data-loader wait
                 x, y = batch(step, rank)
@@ -144,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             if compute_s + extra > 0:
                 time.sleep(compute_s + extra)
             if attempt == 0 and rank == args.kill_rank and step == args.kill_at:
-                os._exit(1)  # a crash: no flush, no cleanup
+                truth.write("crash", t=time.time(), step=step)
+                crash(args.kill_how)
             if attempt == 0 and rank == args.hang_rank and step == args.hang_at:
                 while True:
                     time.sleep(3600)
@@ -154,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             exp.count(samples=len(x))  # goodlens (optional): throughput
         wall.append(time.perf_counter() - t_step)
+        truth.write("step", step=step, t0=t0, t1=time.time())
         if args.ckpt_every > 0 and (step + 1) % args.ckpt_every == 0:
             # goodlens: save with stall / durable timing (an async save first waits for the
             # previous one, inside its recorded stall)

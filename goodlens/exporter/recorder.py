@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from time import perf_counter as _perf
 from typing import Any
 
+from goodlens.exporter import lifecycle
 from goodlens.exporter.assembler import Assembler, compact, popleft
 from goodlens.exporter.scopes import NULL_SCOPE, NullScope, Phases, PhaseScope, StepScope
 from goodlens.exporter.transport import ARROW, JSON, Transport, claim_spill
@@ -98,6 +99,12 @@ class ExporterConfig:
     for ``url`` answers there, batches go to ``url`` directly, as without this option."""
     relay_port: int = 8472
     """Loopback port of the host relay (``GOODLENS_RELAY_PORT``)."""
+    hooks: bool = True
+    """Install the process hooks of :mod:`goodlens.exporter.lifecycle` (``GOODLENS_HOOKS=0``
+    to leave them out): an unhandled exception records ``failure``, and SIGTERM, SIGINT,
+    an unhandled exception and interpreter exit flush what was recorded."""
+    exit_flush_timeout_s: float = 5.0
+    """Longest a signal or a dying process waits for the flush before it goes on."""
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -137,6 +144,8 @@ class ExporterConfig:
             found["host_relay"] = True
         if env.get("GOODLENS_RELAY_PORT", "").strip().isdigit():
             found["relay_port"] = int(env["GOODLENS_RELAY_PORT"])
+        if env.get("GOODLENS_HOOKS", "").lower() in ("0", "false", "no"):
+            found["hooks"] = False
         found.update(overrides)
         found.setdefault("run_id", "default")
         names = {f.name for f in fields(cls)}
@@ -168,13 +177,16 @@ class RankExporter:
         self._events: deque = deque(maxlen=cfg.max_buffer_rows)
         self._index = itertools.count()
         self._seq = itertools.count()
-        self._scope = StepScope(self._steps.append, self._index)
+        self._scope = StepScope(self._steps.append, self._index, self._step_error)
         self._phases = Phases((k, PhaseScope(self._marks.append, k))
                                for k in ("collective", "data"))
         self._asm = Assembler(cfg.attempt)
         self._send_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._failure_seen: tuple[int, int] | None = None
         self._meta_sent = False
+        self._json_fallback = False
         self._last_batch_rows = 0
         self._last_taken = (0, 0)
         self._last_heartbeat = time.monotonic()
@@ -207,6 +219,8 @@ class RankExporter:
                                         daemon=True)
         self._thread.start()
         _LIVE.add(self)
+        if cfg.hooks:
+            lifecycle.install(lambda: list(_LIVE), cfg.exit_flush_timeout_s)
         # enabled: `exp.step(n)` is the scope's `arm` and `exp.phase(name)` a dict lookup,
         # with no method frame in between
         self.step = self._scope.arm  # type: ignore[method-assign]
@@ -281,6 +295,34 @@ class RankExporter:
         self._events.append((next(self._seq), kind, time.time() if time_s is None else time_s,
                              self.attempt, fields))
 
+    def record_failure(self, exc_type: type[BaseException], exc: BaseException | None,
+                       cause: str | None = None, instant_known: bool | None = None) -> None:
+        """Record what an exception says about a failure (see
+        :func:`~goodlens.exporter.lifecycle.classify`): ``failure`` at its instant when known
+        and ``failure_detected``, once per exception, and wake the flusher. Called by the
+        step scope for a collective's error and by the unhandled-exception hook."""
+        if not self.enabled:
+            return
+        key = (id(exc), self.attempt)
+        if self._failure_seen == key:
+            return
+        self._failure_seen = key
+        if cause is None or instant_known is None:
+            cause, instant_known = lifecycle.classify(exc_type, exc)
+        rank = self.rank if cause.startswith("exception:") else None
+        for kind, t, extra in lifecycle.failure_events(cause, instant_known, rank, exc):
+            self.event(kind, time_s=t, **extra)
+        self._wake.set()
+
+    def _step_error(self, exc_type: type[BaseException], exc: BaseException | None) -> None:
+        """An exception escaped a step: a collective's error is recorded now (others may be
+        control flow the loop catches: the exception hook records them if unhandled)."""
+        try:
+            if lifecycle.is_distributed_error(exc_type, exc):
+                self.record_failure(exc_type, exc)
+        except Exception:
+            log.debug("goodlens: could not record a step's failure", exc_info=True)
+
     def new_attempt(self, attempt: int | None = None) -> None:
         """Start a new attempt in the same process (in-process recovery, elastic resize)."""
         self.attempt = self.attempt + 1 if attempt is None else attempt
@@ -308,37 +350,48 @@ class RankExporter:
             out["spill_waiting"] = self._transport.has_spill()
         return out
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Send everything recorded so far; True when all of it reached the collector."""
+    def flush(self, timeout: float = 10.0, spill_ok: bool = False) -> bool:
+        """Send everything recorded so far; True when all of it reached the collector (with
+        ``spill_ok``, or the spill file: what a dying process can do). Never waits past
+        ``timeout``, also not for the background thread's send in progress."""
         if self._transport is None:
             return True
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._send_all(final=True)
-            except Exception:
-                log.exception("goodlens: flush failed")
-            if not self._steps and not self._events and not self._transport.has_spill():
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        with lifecycle.flushing():
+            while True:
+                if self._send_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    try:
+                        self._send_all_locked(final=True)
+                    except Exception:
+                        log.exception("goodlens: flush failed")
+                    finally:
+                        self._send_lock.release()
+                if not self._steps and not self._events and (
+                        spill_ok or not self._transport.has_spill()):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.05)
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush (up to ``timeout``; the rest stays in the spill file) and stop the thread."""
         if self._transport is None:
             return True
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(timeout, 1.0))
-        ok = self.flush(timeout)
-        if not ok:  # collector still away: park what is left in the spill file
-            with self._send_lock:
-                self._transport._next_try = float("inf")
-                try:
+        deadline = time.monotonic() + timeout
+        with lifecycle.flushing():
+            self._stop.set()
+            self._wake.set()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout=max(timeout, 1.0))
+            ok = self.flush(max(0.0, deadline - time.monotonic()))
+            if not ok and self._send_lock.acquire(timeout=max(0.5, deadline - time.monotonic())):
+                try:  # collector still away: park what is left in the spill file
+                    self._transport._next_try = float("inf")
                     self._send_all_locked(final=True)
                 except Exception:
                     log.exception("goodlens: final spill failed")
+                finally:
+                    self._send_lock.release()
         self._transport.close()
         if self._spill_lock is not None:
             os.close(self._spill_lock)  # releases the flock: the next process may adopt it
@@ -348,7 +401,13 @@ class RankExporter:
 
     def _run(self) -> None:
         interval = self.config.flush_interval_s
-        while not self._stop.wait(interval):
+        if self.config.wire == "arrow":
+            _warm_up_arrow()
+        while not self._stop.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self._offset = time.time() - _perf()
                 # steps prove the process alive: a heartbeat only when none came for a while
@@ -371,7 +430,7 @@ class RankExporter:
     def _send_all_locked(self, final: bool) -> None:
         assert self._transport is not None
         self._transport.drain_spill()
-        ctype = ARROW if self.config.wire == "arrow" else JSON
+        arrow = self.config.wire == "arrow"
         # send what is buffered now, not what the training thread adds meanwhile: when a
         # push takes longer than a step, chasing the deque would send one tiny batch per step
         left_steps, left_events = len(self._steps), len(self._events)
@@ -389,6 +448,8 @@ class RankExporter:
                 left_events -= self._last_taken[1]
                 self._meta_sent = True
                 continue
+            ctype = ARROW if arrow and not self._json_fallback else JSON
+            self._json_fallback = False
             self._asm.dropped += self._transport.deliver(body, rows, ctype)
             self._meta_sent = True
 
@@ -426,8 +487,25 @@ class RankExporter:
             for name in sorted(used):
                 ev[name] = compact([e[4].get(name) for e in events])
             doc["events"] = ev
-        encode = encode_arrow_batch if cfg.wire == "arrow" else encode_batch
-        return encode(doc), len(steps) + len(events)
+        if cfg.wire == "arrow":
+            try:
+                return encode_arrow_batch(doc), len(steps) + len(events)
+            except Exception:  # e.g. pyarrow's lazy pandas import failing at shutdown
+                log.debug("goodlens: Arrow encoding failed; sending JSON", exc_info=True)
+                self._json_fallback = True
+        return encode_batch(doc), len(steps) + len(events)
+
+
+def _warm_up_arrow() -> None:
+    """Encode a one-row batch once, so whatever pyarrow imports lazily (pandas, on the first
+    ``pa.array`` of a list) is imported now, on the background thread, and not at interpreter
+    exit, where an import that registers an ``atexit`` function fails."""
+    try:
+        encode_arrow_batch({"schema_version": SCHEMA_VERSION, "run_id": "warm-up",
+                            "steps": {"attempt": 0, "rank": 0, "step": [0],
+                                      "start_time": [0.0], "duration_s": [0.0]}})
+    except Exception:
+        log.debug("goodlens: Arrow warm-up failed", exc_info=True)
 
 
 @atexit.register

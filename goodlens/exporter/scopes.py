@@ -26,7 +26,9 @@ class StepScope:
     ``exp.step`` is bound to) keeps the step number and start and returns the scope;
     ``__enter__`` is the builtin ``int`` (no Python frame); ``__exit__`` appends
     ``(index, step, start, end)``, taking the index only then, so a step that raised leaves
-    no gap. Gaps in ``index`` count rows the bounded buffer evicted. Phases, waits and token
+    no gap; ``on_error(exc_type, exc)``, if given, hears of it (the exporter records a
+    collective's error as a failure there). Gaps in ``index`` count rows the bounded buffer
+    evicted. Phases, waits and token
     counts go to a second deque and are matched to steps by time in the background thread.
 
     Why a class per scope: ``arm`` and ``__exit__`` are static functions over closure cells,
@@ -38,7 +40,8 @@ class StepScope:
     __slots__ = ()
     __enter__ = int  # a builtin: `with` calls it with no arguments and no Python frame
 
-    def __new__(cls, append: Callable[[tuple], Any], index: Any) -> StepScope:
+    def __new__(cls, append: Callable[[tuple], Any], index: Any,
+                on_error: Callable[[Any, Any], Any] | None = None) -> StepScope:
         counter: Iterator[int] = index if isinstance(index, Iterator) else iter(index, None)
         step = 0
         t0 = 0.0
@@ -53,6 +56,8 @@ class StepScope:
         def __exit__(exc_type: Any, exc: Any, tb: Any) -> None:
             if exc_type is None:  # a step that raised did not complete; its failure is an event
                 append((next(counter), step, t0, _perf()))
+            elif on_error is not None:
+                on_error(exc_type, exc)
 
         scope = object.__new__(type(cls.__name__, (cls,), {
             "__slots__": (), "arm": staticmethod(arm), "__exit__": staticmethod(__exit__)}))

@@ -1,5 +1,5 @@
 """PyTorch integration: a few lines in a DDP loop give goodlens the compute/collective split,
-checkpoint stalls and attempts.
+checkpoint stalls, attempts and their start-up.
 
 Why it exists: the accounting (straggler wait, checkpoint stall, recompute, restart) needs
 facts a plain step timer cannot see. A rank waiting in an all-reduce for a slow peer looks
@@ -8,31 +8,24 @@ asynchronous checkpoint stalls training only for its blocking part. This module 
 both where they happen, inside DDP and around ``torch.distributed.checkpoint`` (DCP), and
 sends them through a :class:`~goodlens.exporter.recorder.RankExporter`:
 
-- :func:`instrument` registers a DDP communication hook that launches each bucket's
-  all-reduce itself and records the time from launch until it completes (the union of the
-  buckets' intervals, so overlapping buckets count once) as ``collective`` wait.
-
-  - CPU tensors (gloo): host wall-clock from launch until the future completes, added to
-    the step running at completion (inside ``backward()``).
-  - CUDA tensors (when ``torch.cuda.is_available()``): the future of an NCCL all-reduce
-    completes when the work is *enqueued*, so wall-clock says little. Instead a CUDA event
-    is recorded on the current stream before the launch and another in the future's
-    callback (whose current stream waits for the all-reduce), and the per-step union of
-    ``start.elapsed_time(end)`` is the device-side collective time. Events are resolved
-    lazily, without a host sync: each later hook call ``query()``-s the finished steps'
-    events and reports those that completed, so step N's collective time is added to the
-    row of the step running then (normally N+1; one step of lag, the last step of a run is
-    not reported). Not yet run on a GPU; see docs/pytorch.md.
+- :func:`instrument` times DDP's collectives as ``collective`` wait
+  (:mod:`goodlens.exporter.torch_collectives`): by default the wait *exposed* at the end of
+  ``backward()`` (autograd callbacks around DDP's finalisation; DDP keeps its C++
+  all-reduce), or with ``collectives="hook"`` a communication hook timing each bucket from
+  launch to completion (CUDA events on CUDA buckets; the default for CUDA models).
 - :func:`save_checkpoint` / :func:`load_checkpoint` wrap DCP ``save``, ``async_save`` and
   ``load`` and emit ``ckpt_save_start``, ``ckpt_save_blocking_end`` (training may go on),
   ``ckpt_save_durable_end`` (the files are written; with this rank's bytes) and
-  ``ckpt_restore_start`` / ``ckpt_restore_end``. Asynchronous saves run their collectives
-  on a dedicated gloo group (on the default group they would interleave with DDP's
-  all-reduces from another thread, and the ranks hang), and a save first waits for the
-  previous one, inside its recorded stall.
+  ``ckpt_restore_start`` / ``ckpt_restore_end`` (with the bytes this rank read).
+  Asynchronous saves run their collectives on a dedicated gloo group (on the default group
+  they would interleave with DDP's all-reduces from another thread, and the ranks hang),
+  and a save first waits for the previous one, inside its recorded stall.
 - Attempts need no user code: ``RankExporter.from_env`` reads torchrun's
   ``TORCHELASTIC_RESTART_COUNT``, and the first call into this module for an exporter emits
-  ``attempt_start`` (with the world size).
+  ``attempt_start`` and ``init_start`` at the *process's* start (from the OS, see
+  :func:`~goodlens.exporter.lifecycle.process_start_time`: start-up before ``import
+  goodlens`` counts) and ``init_end`` now.
+- :func:`init_process_group`: a process group that survives a torchrun restart on gloo.
 
 Only users who have torch import this module; it imports nothing from torch at goodlens
 import time.
@@ -45,19 +38,29 @@ import glob
 import logging
 import os
 import threading
+import time
 import weakref
-from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future, wait
-from time import perf_counter
+from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+from goodlens.exporter import lifecycle
+from goodlens.exporter.torch_collectives import (  # noqa: F401 - re-exported for tests
+    MODES,
+    _CollectiveTimer,
+    _DeviceCollectiveTimer,
+    _ExposedWaitTimer,
+    _timed_allreduce_hook,
+    _union_length,
+    attach,
+    torch,
+)
 from goodlens.model.schema import EventKind
 
-__all__ = [EventKind.ATTEMPT_END, "instrument", "load_checkpoint", "save_checkpoint"]
+__all__ = [EventKind.ATTEMPT_END, "init_process_group", "instrument", "load_checkpoint",
+           "save_checkpoint"]
 
 log = logging.getLogger("goodlens.exporter.torch")
 
@@ -66,7 +69,14 @@ _STARTED_LOCK = threading.Lock()
 
 
 def _ensure_attempt_start(exporter: Any) -> None:
-    """Emit ``attempt_start`` once per exporter (the attempt number comes from torchrun)."""
+    """Emit ``attempt_start`` once per exporter (the attempt number comes from torchrun).
+
+    For the attempt the process started in, ``attempt_start`` and ``init_start`` are dated
+    at the process's start from the OS (the earliest rank's is the attempt's start), so a
+    restarted attempt's start-up is ``restart.init`` and the first attempt's is in the
+    wall-clock; ``init_end`` is now. An attempt begun in-process (``new_attempt``) starts
+    now.
+    """
     with _STARTED_LOCK:
         if exporter in _STARTED:
             return
@@ -75,7 +85,15 @@ def _ensure_attempt_start(exporter: Any) -> None:
     fields: dict[str, Any] = {}
     if world is not None:
         fields["world_size"] = world
-    exporter.event(EventKind.ATTEMPT_START, **fields)
+    config = getattr(exporter, "config", None)
+    first = config is None or getattr(config, "attempt", None) == exporter.attempt
+    if not first:
+        exporter.event(EventKind.ATTEMPT_START, **fields)
+        return
+    started = lifecycle.process_start_time()
+    exporter.event(EventKind.ATTEMPT_START, time_s=started, **fields)
+    exporter.event(EventKind.INIT_START, time_s=started)
+    exporter.event(EventKind.INIT_END, time_s=time.time())
 
 
 def attempt_end(exporter: Any, cause: str = "completed", step: int | None = None) -> None:
@@ -87,201 +105,47 @@ def attempt_end(exporter: Any, cause: str = "completed", step: int | None = None
     exporter.event(EventKind.ATTEMPT_END, **fields)
 
 
-# ----------------------------------------------------------------------------- collectives
+def instrument(model: Any, exporter: Any, process_group: Any = None,
+               collectives: str = "auto") -> Any:
+    """Time the collectives of a ``DistributedDataParallel`` model as collective wait.
 
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by ``intervals`` (overlaps count once)."""
-    total, covered = 0.0, float("-inf")
-    for t0, t1 in sorted(intervals):
-        if t1 <= covered:
-            continue
-        total += t1 - max(t0, covered)
-        covered = t1
-    return total
-
-
-class _StepEvents:
-    """The CUDA event pairs of one step's buckets; complete once the last bucket's all-reduce
-    was launched and every launched one has its end event."""
-
-    __slots__ = ("closed", "open", "pairs")
-
-    def __init__(self) -> None:
-        self.pairs: list[tuple[Any, Any]] = []
-        self.open = 0
-        self.closed = False
-
-
-class _DeviceCollectiveTimer:
-    """CUDA-event timing of the all-reduces, resolved lazily so the hot path never syncs.
-
-    ``begin`` (in the hook, before the launch) records a start event on the current stream;
-    ``end`` (in the future's callback, whose current stream waits for the all-reduce)
-    records the end event. A step's pairs are complete after the bucket DDP marks
-    ``is_last()``; they then wait in ``pending`` until ``poll`` (run at every ``begin``)
-    finds all their events done with ``query()``, never ``synchronize()``, and adds the
-    union of ``elapsed_time`` intervals as collective wait. Resolved events go back to a
-    free list, so steady state allocates none. ``new_event`` makes an event
-    (``torch.cuda.Event(enable_timing=True)``; tests pass a stand-in).
-    """
-
-    MAX_PENDING_STEPS = 64
-
-    def __init__(self, exporter: Any, new_event: Callable[[], Any]) -> None:
-        self.exporter = exporter
-        self.new_event = new_event
-        self.lock = threading.Lock()
-        self.free: list[Any] = []
-        self.current: _StepEvents | None = None
-        self.pending: deque[_StepEvents] = deque()
-        self.created = 0
-        self.resolved_steps = 0
-        self.dropped_steps = 0
-
-    def _event(self) -> Any:
-        if self.free:
-            return self.free.pop()
-        self.created += 1
-        return self.new_event()
-
-    def begin(self, last: bool) -> tuple[_StepEvents, Any]:
-        """Before a bucket's launch: report finished steps, then record its start event."""
-        if self.pending:
-            self.poll()
-        with self.lock:
-            group = self.current
-            if group is None:
-                group = self.current = _StepEvents()
-            group.open += 1
-            if last:
-                group.closed = True
-                self.current = None
-            start = self._event()
-        start.record()
-        return group, start
-
-    def end(self, token: tuple[_StepEvents, Any]) -> None:
-        """In the all-reduce future's callback: record the end event."""
-        group, start = token
-        with self.lock:
-            stop = self._event()
-        stop.record()
-        with self.lock:
-            group.pairs.append((start, stop))
-            group.open -= 1
-            if group.closed and group.open == 0:
-                self.pending.append(group)
-                if len(self.pending) > self.MAX_PENDING_STEPS:  # events that never complete
-                    old = self.pending.popleft()
-                    self.dropped_steps += 1
-                    for a, b in old.pairs:  # re-recording a pending event is allowed
-                        self.free += (a, b)
-
-    def poll(self) -> None:
-        """Report every leading pending step whose events have all completed (no sync)."""
-        while True:
-            with self.lock:
-                if not self.pending:
-                    return
-                group = self.pending[0]
-            if not all(a.query() and b.query() for a, b in group.pairs):
-                return
-            ref = group.pairs[0][0]
-            ms = _union_length([(ref.elapsed_time(a), ref.elapsed_time(b))
-                                for a, b in group.pairs])
-            with self.lock:
-                if not self.pending or self.pending[0] is not group:
-                    continue  # another thread reported it meanwhile
-                self.pending.popleft()
-                self.resolved_steps += 1
-                for a, b in group.pairs:
-                    self.free += (a, b)
-            self.exporter.add_wait("collective", ms / 1000.0)
-
-
-class _CollectiveTimer:
-    """State of the communication hook: the union of in-flight all-reduce intervals.
-
-    Completion callbacks may run on the backend's thread; a small lock keeps the
-    bookkeeping consistent. ``add_wait`` is stamped at completion time, which falls inside
-    the step because DDP waits for every bucket before ``backward()`` returns. ``device``
-    times CUDA buckets with events instead (present when CUDA is available).
-    """
-
-    def __init__(self, exporter: Any, group: Any,
-                 device: _DeviceCollectiveTimer | None = None) -> None:
-        self.exporter = exporter
-        self.group = group
-        self.device = device
-        self.lock = threading.Lock()
-        self.covered_until = 0.0
-        self.buckets = 0
-
-    def record(self, t0: float, t1: float) -> None:
-        with self.lock:
-            start = t0 if t0 > self.covered_until else self.covered_until
-            if t1 > self.covered_until:
-                self.covered_until = t1
-            self.buckets += 1
-        if t1 > start:
-            self.exporter.add_wait("collective", t1 - start)
-
-
-def _timed_allreduce_hook(state: _CollectiveTimer, bucket: Any) -> Any:
-    """DDP communication hook: average the bucket with an all-reduce, timing its future."""
-    group = state.group if state.group is not None else dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size(group))
-    device = state.device
-    if device is not None and tensor.is_cuda:
-        token = device.begin(bucket.is_last())
-        dfut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-        def done_on_device(f: Any) -> torch.Tensor:
-            device.end(token)
-            return f.value()[0]
-
-        return dfut.then(done_on_device)
-    t0 = perf_counter()
-    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-    def done(f: Any) -> torch.Tensor:
-        state.record(t0, perf_counter())
-        return f.value()[0]
-
-    return fut.then(done)
-
-
-# DDP checks the hook's annotations with inspect; give it real objects, not the strings
-# ``from __future__ import annotations`` leaves behind.
-_timed_allreduce_hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
-                                         "return": torch.futures.Future[torch.Tensor]}
-
-
-def _new_cuda_event() -> Any:
-    return torch.cuda.Event(enable_timing=True)
-
-
-def instrument(model: Any, exporter: Any, process_group: Any = None) -> Any:
-    """Time the all-reduces of a ``DistributedDataParallel`` model as collective wait.
-
-    Registers a communication hook equivalent to DDP's default (average by all-reduce), so
-    call it before the first backward and do not register another hook. Returns the model.
-    A model that is not DDP (single process) is returned unchanged. Also emits
-    ``attempt_start`` for this exporter if not yet done. With CUDA available, CUDA buckets
-    are timed with CUDA events (see the module docstring); CPU buckets with wall-clock.
+    ``collectives``: ``exposed`` (the training thread's wait at the end of ``backward()``,
+    no communication hook), ``hook`` (a communication hook equivalent to DDP's default,
+    timing each bucket from launch to completion; do not register another hook), ``auto``
+    (``hook`` for a model on CUDA, else ``exposed``) or ``off``. Call it before the first
+    backward. Returns the model; a model that is not DDP is returned unchanged. Also emits
+    ``attempt_start`` for this exporter if not yet done.
     """
     _ensure_attempt_start(exporter)
     if not getattr(exporter, "enabled", True):
         return model
-    if not hasattr(model, "register_comm_hook"):
-        return model
-    device = (_DeviceCollectiveTimer(exporter, _new_cuda_event)
-              if torch.cuda.is_available() else None)
-    model.register_comm_hook(_CollectiveTimer(exporter, process_group, device),
-                             _timed_allreduce_hook)
+    attach(model, exporter, process_group, collectives)
     return model
+
+
+def init_process_group(backend: str = "gloo", timeout: timedelta | None = None,
+                       **options: Any) -> None:
+    """``dist.init_process_group`` that survives a torchrun restart.
+
+    torchrun's agent keeps one TCPStore for the whole job (``MASTER_ADDR``/``MASTER_PORT``,
+    ``TORCHELASTIC_USE_AGENT_STORE=True``), and a plain ``init_process_group`` uses the
+    same keys in every attempt: a restarted gloo rank can read the address a dead rank
+    published and fail in ``connectFullMesh`` (torch 2.13, 4 ranks on one host: every
+    restart tried). Here the keys are prefixed with the attempt (``GOODLENS_ATTEMPT``, else
+    ``TORCHELASTIC_RESTART_COUNT``). Outside torchrun (no ``TORCHELASTIC_RUN_ID``) this is
+    ``dist.init_process_group(backend)``. See docs/pytorch.md for several hosts.
+    """
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" not in env or "store" in options:
+        dist.init_process_group(backend, timeout=timeout, **options)
+        return
+    attempt = env.get("GOODLENS_ATTEMPT") or env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timeout or timedelta(seconds=300))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"goodlens-attempt-{attempt}",
+                                                            store),
+                            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                            timeout=timeout, **options)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -376,11 +240,10 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
     future replaced by one that completes after ``ckpt_save_durable_end`` is recorded, so
     ``result()`` followed by ``exporter.close()`` loses no event.
     """
-    import torch.distributed.checkpoint as dcp
-
     _ensure_attempt_start(exporter)
     path = os.fspath(path)
     exporter.event(EventKind.CKPT_SAVE_START, step=step, tier=tier)
+    import torch.distributed.checkpoint as dcp  # the first import (~0.1 s) is in the stall
     if not async_:
         dcp.save(state, checkpoint_id=path, process_group=process_group, **dcp_options)
         exporter.event(EventKind.CKPT_SAVE_BLOCKING_END, step=step, tier=tier)
@@ -426,21 +289,77 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
     return response
 
 
+def _count_reads(reader: Any) -> list[Any]:
+    """Wrap ``reader.read_data`` (on this instance) to add up what each call reads: for every
+    read item of the plan, the length of the stored chunk it is read from (DCP's
+    ``FileSystemReader`` reads that whole slice of its file). Returns ``[bytes, measured]``;
+    ``measured`` stays False for a reader without DCP's ``storage_data`` lengths."""
+    counted: list[Any] = [0, False]
+    original = reader.read_data
+
+    def read_data(plan: Any, planner: Any) -> Any:
+        try:
+            stored = reader.storage_data
+            counted[0] += sum(int(stored[item.storage_index].length) for item in plan.items)
+            counted[1] = True
+        except (AttributeError, KeyError, TypeError, ValueError):
+            pass
+        return original(plan, planner)
+
+    reader.read_data = read_data
+    return counted
+
+
+def _metadata_bytes(path: str) -> int:
+    """Size of a DCP checkpoint's ``.metadata`` (every rank reads it before the data)."""
+    try:
+        return os.path.getsize(os.path.join(path, ".metadata"))
+    except OSError:
+        return 0
+
+
+def _tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in state)
+    return 0
+
+
 def load_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporter: Any,
                     step: int | None = None, tier: str = "durable",
                     process_group: Any = None, **dcp_options: Any) -> dict[str, Any]:
     """Load ``state`` in place from a DCP checkpoint, recording ``ckpt_restore_start`` and
-    ``ckpt_restore_end`` (with the bytes of the files this rank wrote when saving: what it
-    reads when the world size is unchanged). Returns ``state``."""
-    import torch.distributed.checkpoint as dcp
+    ``ckpt_restore_end`` with the bytes this rank read.
 
+    Bytes read: with DCP's file-system reader (the default; or a ``storage_reader`` with
+    its ``storage_data``), the checkpoint's ``.metadata`` plus, over the load plan's read
+    items, the stored chunks they were read from, so under DDP, where every rank loads the
+    whole model, each rank reports the whole model (plus the checkpoint's non-tensor
+    entries). With a reader that does not expose those lengths: the bytes of the tensors
+    in ``state`` after loading. Returns ``state``.
+    """
     _ensure_attempt_start(exporter)
     path = os.fspath(path)
     fields: dict[str, Any] = {"tier": tier}
     if step is not None:
         fields["step"] = step
     exporter.event(EventKind.CKPT_RESTORE_START, **fields)
-    dcp.load(state, checkpoint_id=path, process_group=process_group, **dcp_options)
-    exporter.event(EventKind.CKPT_RESTORE_END, bytes=_rank_bytes(path, _rank(process_group)),
-                   **fields)
+    import torch.distributed.checkpoint as dcp  # the first import (~0.1 s) is restore time
+    reader = dcp_options.pop("storage_reader", None)
+    own = reader is None
+    if own:
+        reader = dcp.FileSystemReader(path)
+    counted = _count_reads(reader)
+    try:
+        dcp.load(state, checkpoint_id=path, storage_reader=reader,
+                 process_group=process_group, **dcp_options)
+    finally:
+        if not own:
+            del reader.read_data  # the caller's reader as it was
+    read = counted[0] + _metadata_bytes(path) if counted[1] else _tensor_bytes(state)
+    exporter.event(EventKind.CKPT_RESTORE_END, bytes=read, **fields)
     return state

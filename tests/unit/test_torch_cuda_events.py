@@ -244,11 +244,11 @@ def test_instrument_uses_events_only_when_cuda_is_available(monkeypatch):
             self.state, self.hook = state, hook
 
     sink = Sink()
-    m = gl.instrument(Model(), sink)
+    m = gl.instrument(Model(), sink, collectives="hook")
     assert m.hook is gl._timed_allreduce_hook
     assert (m.state.device is None) == (not torch.cuda.is_available())
     monkeypatch.setattr(gl.torch.cuda, "is_available", lambda: True)
-    m = gl.instrument(Model(), sink)
+    m = gl.instrument(Model(), sink, collectives="hook")
     assert isinstance(m.state.device, gl._DeviceCollectiveTimer)
     monkeypatch.setattr(gl.torch.cuda, "is_available", lambda: False)
-    assert gl.instrument(Model(), sink).state.device is None
+    assert gl.instrument(Model(), sink, collectives="hook").state.device is None

@@ -1,0 +1,97 @@
+"""The two ways the PyTorch integration times DDP's collectives, on 2 real gloo ranks: the
+default ``exposed`` mode (the training thread's wait at the end of ``backward()``, no
+communication hook) and the ``hook`` mode, against a delay the test plants itself.
+
+Rank 1 sleeps ``DELAY`` before its backward in every step, so rank 0 waits about that long
+in the all-reduce; each mode must see it on rank 0 and not on rank 1. Ranks run in
+``torch.multiprocessing`` processes of one test; expected values come from the planted
+delay, never from goodlens.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+DELAY = 0.05
+STEPS = 12
+
+
+class Sink:
+    """Stands in for the exporter: keeps add_wait calls."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def add_wait(self, kind: str, seconds: float) -> None:
+        assert kind == "collective"
+        self.waits.append(seconds)
+
+    def event(self, kind: str, **fields) -> None:
+        pass
+
+
+def worker(rank: int, port: int, mode: str, out: dict) -> None:
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from goodlens.exporter import torch as gl
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1)))
+    sink = Sink()
+    gl.instrument(model, sink, collectives=mode)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    per_step = []
+    for _ in range(STEPS):
+        n = len(sink.waits)
+        x = torch.randn(8, 64)
+        loss = model(x).sum()
+        if rank == 1:
+            time.sleep(DELAY)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        per_step.append(sum(sink.waits[n:]))
+    out[f"{mode}{rank}"] = per_step
+    dist.barrier()
+    del model
+    dist.destroy_process_group()
+
+
+def _run(rank: int, port: int, mode: str, out: dict) -> None:
+    try:
+        worker(rank, port, mode, out)
+    except BaseException as exc:  # surfaced by the parent
+        out[f"error{rank}"] = repr(exc)
+        raise
+
+
+@pytest.mark.parametrize("mode", ["exposed", "hook"])
+def test_each_mode_sees_the_planted_wait_on_the_waiting_rank_only(mode):
+    import torch.multiprocessing as mp
+
+    from tests.harness import free_port
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_run, args=(free_port(), mode, out), nprocs=2, join=True)
+        got = dict(out)
+    assert not any(k.startswith("error") for k in got), got
+    waiting = sorted(got[f"{mode}0"][2:])  # steps 0-1: start-up
+    other = sorted(got[f"{mode}1"][2:])
+    assert len(waiting) == STEPS - 2
+    med = waiting[len(waiting) // 2]
+    # rank 0 waited for rank 1's sleep: most of it, never much more (loaded machine: a
+    # wide upper margin); rank 1 hardly waited
+    assert 0.7 * DELAY <= med <= DELAY + 0.1, waiting
+    assert other[len(other) // 2] <= 0.3 * DELAY, other

@@ -1,0 +1,149 @@
+"""End-to-end: a 4-rank DDP job under torchrun with a straggler, a crash and a restart from
+a DCP checkpoint, checked against the job's own clock.
+
+Why: the restart is where goodlens lost rows (SIGTERM to the surviving workers) and time
+(nothing dated the failure or the restarted processes' start-up). Every rank of
+``examples/train_ddp.py --truth-dir`` appends its own clock readings (script start, each
+step, the restore, the crash instant), flushed line by line; expected values come from
+those files, never from goodlens. Margins are relative to the job's clock, and absolute
+ones only where 4 ranks and a collector on 2 loaded cores make a few tens of milliseconds
+of scheduling noise.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_torch_e2e import report, torchrun
+from tests.harness import Collector
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+STEPS, CKPT, COMPUTE_MS = 170, 20, 20.0
+SLOW_RANK, SLOW_PCT, SLOW_FROM = 2, 30.0, 50
+KILL_RANK, KILL_AT = 1, 130
+
+
+def truth(folder: Path) -> dict[tuple[int, int], list[dict]]:
+    """(rank, attempt) -> the lines that rank wrote in that attempt."""
+    out = {}
+    for f in folder.glob("rank*-attempt*.jsonl"):
+        rank, attempt = f.stem.removeprefix("rank").split("-attempt")
+        out[int(rank), int(attempt)] = [json.loads(line) for line in f.read_text().splitlines()]
+    return out
+
+
+def steps_of(lines: list[dict]) -> dict[int, tuple[float, float]]:
+    return {x["step"]: (x["t0"], x["t1"]) for x in lines if x["kind"] == "step"}
+
+
+def run_job(tmp_path: Path, run_id: str, *extra: str, launcher: str = "torch.distributed.run",
+            env: dict[str, str] | None = None) -> tuple[Path, dict]:
+    c = Collector(tmp_path / f"{run_id}.duckdb").start()
+    if env is not None and "GOODLENS_URL" in env:  # the launcher reads it
+        env = {**env, "GOODLENS_URL": c.url}
+    try:
+        torchrun(tmp_path, c.url, run_id, "--steps", str(STEPS), "--ckpt-every", str(CKPT),
+                 "--compute-ms", str(COMPUTE_MS), "--kill-rank", str(KILL_RANK),
+                 "--kill-at", str(KILL_AT), "--truth-dir", str(tmp_path / "truth"), *extra,
+                 restarts=1, timeout=240, launcher=launcher, env=env)
+        c.sync()
+    finally:
+        c.stop()
+    return c.db, truth(tmp_path / "truth")
+
+
+def stored(db: Path, run_id: str) -> tuple:
+    from goodlens.storage.store import Store
+    store = Store(db, read_only=True)
+    try:
+        return store.steps(run_id), store.events(run_id)
+    finally:
+        store.close()
+
+
+def test_a_crash_under_plain_torchrun_matches_the_jobs_own_clock(tmp_path):
+    db, t = run_job(tmp_path, "crash", "--slow-rank", str(SLOW_RANK), "--slow-pct",
+                    str(SLOW_PCT), "--slow-from", str(SLOW_FROM))
+    steps, ev = stored(db, "crash")
+    rep = report(db, "crash")
+    crash = next(x for x in t[KILL_RANK, 0] if x["kind"] == "crash")
+    restore = next(x for x in t[0, 1] if x["kind"] == "restore")
+    resumed = restore["step"] + 1
+    # 1. no step row lost on the ranks that did not crash: every step they finished (their
+    # own files) is stored, the last ones before torchrun's SIGTERM included
+    for rank in range(4):
+        mine = set(steps_of(t[rank, 0]))
+        got = set(steps[(steps.attempt == 0) & (steps["rank"] == rank)].step)
+        if rank != KILL_RANK:
+            assert mine <= got, (rank, sorted(mine - got))
+    # 2. the failure instant: recorded by the survivors, just after the crash (their
+    # collective raised), before the restarted processes started
+    failures = ev[(ev.kind == "failure") & (ev.attempt == 0)]
+    assert len(failures), "no failure event"
+    t_fail = float(failures.time.min())
+    first_new = min(x["t"] for (r, a), lines in t.items() if a == 1
+                    for x in lines if x["kind"] == "script_start")
+    assert crash["t"] <= t_fail <= crash["t"] + 1.0 and t_fail < first_new
+    # 3. recompute: the rolled-back steps and the partial step, to the crash instant, on
+    # rank 0's clock; within 15%
+    own = steps_of(t[0, 0])
+    true_recompute = crash["t"] - own[resumed][0]
+    assert rep["buckets"]["recompute"] == pytest.approx(true_recompute, rel=0.15)
+    # 4. restart: from the crash to the restarted attempt's first step, plus that step's
+    # excess over the attempt's median step; within 10%
+    new = steps_of(t[0, 1])
+    durations = [b - a for s, (a, b) in sorted(new.items())]
+    first = min(new)
+    warm = max(0.0, durations[0] - statistics.median(durations[1:]))
+    true_restart = new[first][0] - crash["t"] + warm
+    a0, a1 = rep["attempts"]
+    parts0, parts1 = a0["restart_parts"], a1["restart_parts"]
+    # attempt 0's own start-up and warm-up are restart time too, not this restart's
+    restart = rep["buckets"]["restart"] - parts0["init"] - parts0["warmup"]
+    assert restart == pytest.approx(true_restart, rel=0.10)
+    # 5. the parts: nothing unattributed; init covers the restarted processes' start-up
+    # (script start to first step, less the restore), at least half of it
+    assert rep["restart_parts"]["unattributed"] <= 0.10 * rep["buckets"]["restart"]
+    startup = new[first][0] - first_new - (restore["t1"] - restore["t0"])
+    assert parts1["init"] >= 0.5 * startup
+    assert parts1["restore"] > 0
+    # the first attempt's start-up is in the wall-clock: from before the script's start
+    first_script = min(x["t"] for (r, a), lines in t.items() if a == 0
+                       for x in lines if x["kind"] == "script_start")
+    assert rep["start"] <= first_script
+    assert parts0["init"] >= 0.5 * (own[0][0] - first_script)
+    # 6. restore bytes: what each rank read, the whole model under DDP, the same everywhere
+    restored = ev[ev.kind == "ckpt_restore_end"]
+    assert len(restored) == 4 and restored.bytes.nunique() == 1
+    assert int(restored.bytes.iloc[0]) >= (32 * 64 + 64 + 64 + 1) * 4  # the MLP's floats
+    # 7. straggler wait with the default (exposed) timing: the injected delay of the kept
+    # slowed steps (rolled-back steps are recompute), within 15%
+    kept = (resumed - SLOW_FROM) + (STEPS - resumed)
+    injected = kept * COMPUTE_MS / 1000 * SLOW_PCT / 100
+    assert rep["buckets"]["straggler_wait"] == pytest.approx(injected, rel=0.15)
+
+
+def test_the_launcher_and_the_dying_process_record_the_failure(tmp_path):
+    """With ``python -m goodlens.exporter.launch`` (torchrun's arguments) and a crash by an
+    unhandled exception: the dying process records its own failure (cause and rank) at the
+    instant it raised, and the elastic agent records the failed rank's exit."""
+    run_id = "launched"
+    db, t = run_job(tmp_path, run_id, "--kill-how", "raise",
+                    launcher="goodlens.exporter.launch",
+                    env={"GOODLENS_URL": "", "GOODLENS_RUN_ID": run_id})
+    _, ev = stored(db, run_id)
+    crash = next(x for x in t[KILL_RANK, 0] if x["kind"] == "crash")
+    failures = ev[(ev.kind == "failure") & (ev.attempt == 0)]
+    own = failures[failures.cause == "exception:RuntimeError"]
+    assert list(own["rank"]) == [KILL_RANK]
+    assert crash["t"] <= float(own.time.iloc[0]) <= crash["t"] + 1.0
+    launcher = failures[failures.cause == "exit:1"]
+    assert KILL_RANK in set(launcher["rank"]), list(failures.cause)
+    assert crash["t"] <= float(launcher.time.min()) <= crash["t"] + 5.0
+    assert len(ev[(ev.kind == "failure_detected") & (ev.cause == "launcher")]) >= 1
