@@ -58,6 +58,12 @@ from goodlens.storage.writer import Writer
 log = logging.getLogger("goodlens.detection")
 
 
+def sparse_limit(reporting: int) -> int:
+    """The largest rank id + 1 the detector is sized for, given how many ranks report:
+    memory follows the ranks that exist, never the value of an id."""
+    return 4 * reporting + 1024
+
+
 class DetectionService:
     """Runs the straggler detector over live runs and publishes its findings."""
 
@@ -81,6 +87,7 @@ class DetectionService:
         self._hangs: dict[tuple[str, int], HangDetector] = {}
         self._hung: set[tuple[str, int]] = set()
         self._finished: set[str] = set()
+        self._sparse: set[str] = set()  # runs whose rank ids are too sparse to detect on
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="goodlens-detection",
@@ -169,6 +176,15 @@ class DetectionService:
             self._state[(run_id, attempt)] = done_through  # no split: nothing to score
             return []
         n_ranks = int(rows["rank"].max()) + 1
+        if n_ranks > sparse_limit(int(rows["rank"].nunique())):
+            # rank ids far sparser than the ranks reporting (a typo, a hostile push): the
+            # detector's state is sized by the largest id, so it is not run for this run
+            if run_id not in self._sparse:
+                self._sparse.add(run_id)
+                log.warning("run %s: rank ids up to %d for %d reporting ranks: straggler "
+                            "detection skipped", run_id, n_ranks - 1, rows["rank"].nunique())
+            self._state[(run_id, attempt)] = done_through
+            return []
         if det is None or n_ranks > det.n:
             det = self._detectors[run_id] = StragglerDetector(
                 self.config, n_ranks, self._topology(rows, n_ranks, tags))

@@ -214,7 +214,7 @@ class RunData:
             # rather than queueing behind it (a watched live run would pile them up)
             seen, fut = self._scans.get(run_id, (None, None))
             if fut is None or (seen != v and fut.done()):
-                fut = self._pool.submit(lambda: finding_dicts(detect_run(self.store, run_id)))
+                fut = self._pool.submit(lambda: _batch_findings(self.store, run_id))
                 self._scans[run_id] = (v, fut)
                 while len(self._scans) > self._max:
                     self._scans.pop(next(iter(self._scans)))
@@ -253,6 +253,15 @@ def _goodput(store: RunReader, run_id: str) -> float | None:
     except (KeyError, ValueError):
         return None
     return b.goodput if b.wall_clock_s > 0 else None
+
+
+def _batch_findings(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """A batch detection pass as dicts; none for a run whose rank ids are too sparse to
+    lay out (``goodlens detect`` says why)."""
+    try:
+        return finding_dicts(detect_run(store, run_id))
+    except ValueError:
+        return []
 
 
 def excludable(rep: dict[str, Any]) -> list[str]:

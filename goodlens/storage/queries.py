@@ -19,6 +19,11 @@ import pandas as pd
 import pyarrow as pa
 
 
+class SparseRanks(ValueError):
+    """A run's rank ids are far sparser than its ranks (a typo, a hostile push): a layout
+    with one column per rank id would size memory by an id's value."""
+
+
 class SqlReader:
     """The read API (:class:`~goodlens.storage.reader.RunReader`) over cursors from
     ``new_cursor``, one per reading thread. ``retry_io``: retry a query once that fails to
@@ -124,6 +129,11 @@ class SqlReader:
         cost three narrow columns and one scatter, not a frame and a sort."""
         from goodlens.storage.schema import READY
         cur = self._cursor()
+        distinct, top = cur.execute("SELECT count(DISTINCT rank), max(rank) FROM steps "
+                                    "WHERE run_id = ?", [run_id]).fetchone()
+        if top is not None and top + 1 > 4 * distinct + 1024:
+            raise SparseRanks(f"run {run_id!r}: rank ids up to {top} for {distinct} ranks "
+                              "reporting: too sparse to lay out one column per rank id")
         keys = cur.execute(
             "SELECT attempt, step, duration_median AS duration_s FROM step_summaries "
             "WHERE run_id = ? ORDER BY attempt, step", [run_id]).df()

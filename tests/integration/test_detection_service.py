@@ -9,6 +9,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import pytest
+
 from goodlens.collector.detection import DetectionService
 from goodlens.collector.metrics import make_registry
 from goodlens.collector.replay import import_trace
@@ -174,3 +176,34 @@ def test_two_collectors_on_one_dataset_push_a_finding_once(tmp_path):
         wb.stop()
         a.close()
         b.close()
+
+
+def test_a_huge_rank_id_does_not_size_the_detector(tmp_path):
+    """A push from rank 16,777,215 beside 4 real ranks: the detector (sized by the largest
+    rank id) is not built for that run, so memory follows the ranks that exist; a normal
+    run in the same store is still watched."""
+    store = Store(tmp_path / "h.duckdb")
+    writer = Writer(store).start()
+    now = time.time()
+    try:
+        _live_run(store, "normal", now, last_step_ago=5)
+        _live_run(store, "sparse", now, last_step_ago=5)
+        from goodlens.model.batch import validate_batch
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": "sparse",
+            "steps": {"attempt": 0, "rank": 16_777_215, "host": "h9", "step": [0, 1],
+                      "start_time": [now - 45, now - 44], "duration_s": 1.0,
+                      "compute_s": 0.8, "collective_wait_s": 0.2}})])
+        store.summarize_dirty()
+        svc = DetectionService(store, writer)
+        svc.poll_once(now=now)
+        assert "sparse" not in svc._detectors
+        assert svc._detectors["normal"].n == 4
+        # the batch pass (goodlens detect, the dashboard) refuses to lay it out, clearly
+        from goodlens.analysis.findings import detect_run
+        with pytest.raises(ValueError, match="rank ids up to 16777215 for 5 ranks"):
+            detect_run(store, "sparse")
+        assert detect_run(store, "normal") == []
+    finally:
+        writer.stop()
+        store.close()
