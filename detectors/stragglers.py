@@ -403,8 +403,7 @@ class StragglerDetector:
         o = self._open.get(i)
         if status == "new" or o is None:
             kind, sid = self._subject(i)
-            starts = u.start[members if members is not None else [i]]
-            first = int(starts[starts >= 0].min()) if (starts >= 0).any() else step
+            first = u.onset(members if members is not None else [i], step)
             o = self._open[i] = _Open(f"{attempt}/{kind}/{self.layout.name(kind, sid)}/"
                                       f"{first}", first, step, members=members)
         else:

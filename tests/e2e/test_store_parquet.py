@@ -246,6 +246,7 @@ def test_cli_report_and_dashboard_data_on_parquet(tmp_path: Path) -> None:
         assert d.overview("sim-64")["report"]["goodput"] == pytest.approx(
             json.loads(rep.stdout)["goodput"])
         assert d.ranks("sim-64")["grid"] is not None
+        d.findings("sim-64", wait=True)  # the batch pass it started, done before close
     finally:
         store.close()
 

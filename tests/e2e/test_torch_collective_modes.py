@@ -37,7 +37,7 @@ class Sink:
         pass
 
 
-def worker(rank: int, port: int, mode: str, out: dict) -> None:
+def worker(rank: int, port: int, mode: str, out: str) -> None:
     import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -62,30 +62,38 @@ def worker(rank: int, port: int, mode: str, out: dict) -> None:
         opt.step()
         opt.zero_grad()
         per_step.append(sum(sink.waits[n:]))
-    out[f"{mode}{rank}"] = per_step
+    _write(out, f"{mode}{rank}", per_step)
     dist.barrier()
     del model
     dist.destroy_process_group()
 
 
-def _run(rank: int, port: int, mode: str, out: dict) -> None:
+def _write(out: str, key: str, value: object) -> None:
+    import json
+    from pathlib import Path
+    (Path(out) / f"{key}.json").write_text(json.dumps(value))
+
+
+def _run(rank: int, port: int, mode: str, out: str) -> None:
     try:
         worker(rank, port, mode, out)
     except BaseException as exc:  # surfaced by the parent
-        out[f"error{rank}"] = repr(exc)
+        _write(out, f"error{rank}", repr(exc))
         raise
 
 
 @pytest.mark.parametrize("mode", ["exposed", "hook"])
-def test_each_mode_sees_the_planted_wait_on_the_waiting_rank_only(mode):
+def test_each_mode_sees_the_planted_wait_on_the_waiting_rank_only(mode, tmp_path):
+    import json
+
     import torch.multiprocessing as mp
 
     from tests.harness import free_port
 
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_run, args=(free_port(), mode, out), nprocs=2, join=True)
-        got = dict(out)
+    # results come back as files: a multiprocessing Manager would fork this process (torch,
+    # DuckDB threads and all), which crashed in the full suite
+    mp.spawn(_run, args=(free_port(), mode, str(tmp_path)), nprocs=2, join=True)
+    got = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert not any(k.startswith("error") for k in got), got
     waiting = sorted(got[f"{mode}0"][2:])  # steps 0-1: start-up
     other = sorted(got[f"{mode}1"][2:])
