@@ -28,6 +28,15 @@ from goodlens.storage.writer import LATENCY_BUCKETS, Writer
 
 log = logging.getLogger("goodlens.metrics")
 
+REJECT_REASONS = ("invalid", "auth", "too_large", "decoded_too_large", "overloaded",
+                  "write_error")
+"""Why pushes are refused (``goodlens_ingest_rejected_batches{reason}``, each always
+exposed): 400/415/422, 401/403, a body over ``--max-body``, a push expanding beyond the
+decoded rows/bytes limits (413), a full write queue (503), a failed write (500). Not per
+source: a refused push's source id is whatever the sender claims (or unknown when the body
+does not decode), so it would make the label set the sender's to grow; exporters report
+their own refused batches (``exporter.rejected_batches``)."""
+
 
 class GoodlensCollector(Collector):
     """Per-run progress and step-time quantiles, plus the collector's own health."""
@@ -150,7 +159,7 @@ class GoodlensCollector(Collector):
             dup.add_metric(["events"], st.events_duplicate)
             rej = CounterMetricFamily("goodlens_ingest_rejected_batches", "Batches refused, "
                                       "by reason", labels=["reason"])
-            for reason in ("invalid", "auth", "too_large", "overloaded", "write_error"):
+            for reason in (*REJECT_REASONS, *sorted(set(st.rejected) - set(REJECT_REASONS))):
                 n = st.rejected.get(reason, 0) + (st.batches_failed if reason == "write_error"
                                                   else 0)
                 rej.add_metric([reason], n)

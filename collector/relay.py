@@ -14,11 +14,17 @@ and token are then merged into one Arrow IPC batch and sent upstream in one requ
 
 The guarantee: a push is answered 200 only after the collector answered 200 to the merged
 batch holding it (which, for the collector, means committed). When the collector cannot be
-reached, times out or answers 5xx/503, every push of that batch gets 503 (with
+reached, times out or answers 502/503/504, every push of that batch gets 503 (with
 ``Retry-After``), 502 or 504, which the exporter treats like a collector outage: it spills
 the batch and replays it later. The store ignores rows it already holds, so a batch stored
 whose answer was lost and sent again adds nothing. Should the collector refuse a merged
-batch for any other reason, its pushes are forwarded one by one so each gets its own answer.
+batch (a 4xx other than 401/403/408/429) or fail to store it (500), or merging fail, its
+pushes are forwarded one by one so each gets its own answer: one rank's unstorable rows
+fail that rank's push alone (the exporter drops what is refused and sets aside what keeps
+failing), and the refusals are counted by status (``upstream_rejected`` on ``/healthz``).
+
+It listens on TCP (``--host``/``--port``) or, as the exporters start it, on a Unix socket
+in the user's private directory (``--socket``), which only that user can connect to.
 
 The exporter's side (local rank 0 starts a relay when none listens, and every rank sends
 to it, straight to the collector while it is away) is :mod:`goodlens.exporter.relay_client`.
@@ -66,7 +72,9 @@ class RelayConfig:
     host: str = "127.0.0.1"
     """Address to bind; anything but loopback requires ``token``."""
     port: int = DEFAULT_RELAY_PORT
-    """TCP port (0 picks a free one)."""
+    """TCP port (0 picks a free one); with ``socket``, only names the relay."""
+    socket: str | None = None
+    """Listen on this Unix socket (mode 0600, in a directory of this user) instead of TCP."""
     token: str | None = None
     """Bearer token pushers must send; also sent upstream unless ``upstream_token`` is set.
     Without either, each push's own ``Authorization`` header is passed through."""
@@ -105,7 +113,7 @@ class RelayConfig:
         if min(self.max_batch_rows, self.max_batch_bytes, self.max_body_bytes,
                self.max_pending_bytes) <= 0:
             raise ValueError("row and byte limits must be positive")
-        if not is_loopback(self.host) and not self.token:
+        if not self.socket and not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} exposes the relay beyond this machine; "
                              "pass --token so only your exporters can push")
 
@@ -238,6 +246,9 @@ class RelayStats:
     """Requests that failed: unreachable, timeout, or a 5xx/503 answer."""
     singles: int = 0
     """Pushes forwarded one by one after the collector refused their merged batch."""
+    upstream_rejected: dict[str, int] = field(default_factory=dict)
+    """Pushes the collector refused (4xx) or could not store (500), by status: each
+    answered with the collector's verdict for it alone."""
     last_upstream_error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -335,6 +346,7 @@ class Relay:
                 "rejected": s.rejected, "acked": s.acked, "failed": s.failed,
                 "forwarded": s.forwarded, "forwarded_rows": s.forwarded_rows,
                 "upstream_errors": s.upstream_errors, "singles": s.singles,
+                "upstream_rejected": dict(s.upstream_rejected),
                 "last_upstream_error": s.last_upstream_error,
                 "pending_pushes": len(self._pending), "pending_rows": self._pending_rows,
                 "schema_version": SCHEMA_VERSION}
@@ -393,7 +405,7 @@ class Relay:
                                                      exporters)
             except Exception as exc:  # never leave a push without an answer
                 log.exception("relay: forwarding failed")
-                answers = [answer(502, {"error": f"relay error: {exc}", "field": None})
+                answers = [answer(500, {"error": f"relay error: {exc}", "field": None})
                            ] * len(pushes)
             for p, ans in zip(pushes, answers):
                 if ans[0] == 200:
@@ -436,7 +448,12 @@ class Relay:
         if time.monotonic() < self._down_until:
             return [_unavailable(f"the collector is unreachable "
                                  f"({self.stats.last_upstream_error})")] * len(group)
-        body = merge_batches(run_id, [p.batch for p in group], exporter)
+        try:
+            body = merge_batches(run_id, [p.batch for p in group], exporter)
+        except Exception:  # a push that does not merge (odd types): each goes alone
+            log.exception("relay: could not merge %d pushes; forwarding them one by one",
+                          len(group))
+            return self._singles(group, auth)
         rows = sum(p.batch.rows for p in group)
         result = self._send(body, ARROW_STREAM, auth)
         if isinstance(result, tuple) and result[0] == 200:
@@ -447,22 +464,34 @@ class Relay:
                                   "events": p.batch.events.num_rows if p.batch.events else 0,
                                   "merged_pushes": len(group), "upstream": upstream})
                     for p in group]
-        if isinstance(result, tuple) and result[0] not in _AUTH and result[0] < 500 \
-                and result[0] not in (408, 429):
-            # refused although each push passed the collector's own checks here (a 413, or
-            # a collector of another version): let each push hear its own verdict
-            log.warning("relay: the collector refused a merged batch (%s: %.200s); "
-                        "forwarding its %d pushes one by one", result[0], result[1],
-                        len(group))
-            out = []
-            for p in group:
-                self.stats.singles += 1
-                single = self._send(p.body, p.content_type, auth)
-                if isinstance(single, tuple) and single[0] == 200:
-                    self.stats.forwarded_rows += p.batch.rows
-                out.append(_relay_answer(single))
-            return out
+        if isinstance(result, tuple) and _verdict(result[0]):
+            if len(group) > 1:
+                # refused or unstorable although each push passed the collector's own
+                # checks here (a 413, a value the store cannot hold, a collector of another
+                # version): let each push hear its own verdict, so one rank's bad rows do
+                # not fail the others
+                log.warning("relay: the collector answered %s to a merged batch (%.200s); "
+                            "forwarding its %d pushes one by one", result[0], result[1],
+                            len(group))
+                return self._singles(group, auth)
+            self._count_refusal(result[0])
         return [_relay_answer(result)] * len(group)
+
+    def _singles(self, group: list[_Push], auth: str | None) -> list[Answer]:
+        out = []
+        for p in group:
+            self.stats.singles += 1
+            single = self._send(p.body, p.content_type, auth)
+            if isinstance(single, tuple) and single[0] == 200:
+                self.stats.forwarded_rows += p.batch.rows
+            elif isinstance(single, tuple) and _verdict(single[0]):
+                self._count_refusal(single[0])
+            out.append(_relay_answer(single))
+        return out
+
+    def _count_refusal(self, status: int) -> None:
+        key = str(status)
+        self.stats.upstream_rejected[key] = self.stats.upstream_rejected.get(key, 0) + 1
 
     def _send(self, body: bytes, content_type: str,
               auth: str | None) -> tuple[int, bytes, str | None] | Exception:
@@ -480,6 +509,13 @@ class Relay:
             self.stats.upstream_errors += 1
             self.stats.last_upstream_error = f"collector answered {status}: {payload[:200]!r}"
         return status, payload, retry
+
+
+def _verdict(status: int) -> bool:
+    """Whether an upstream answer is about the batch itself: a refusal (4xx other than
+    401/403/408/429) or a failure to store it (500), not the collector's absence."""
+    return status == 500 or (400 <= status < 500 and status not in _AUTH
+                             and status not in (408, 429))
 
 
 def _source_of(batch: Batch) -> Any:
@@ -521,7 +557,7 @@ def _relay_answer(result: tuple[int, bytes, str | None] | Exception) -> Answer:
     status, payload, retry = result
     if status in _RETRY_PASS:
         return status, payload, {"Retry-After": retry or "1"}
-    if status >= 500 or status == 408:
+    if (status >= 500 and status != 500) or status == 408:
         return answer(502, {"error": f"relay: the collector answered {status}: "
                              f"{payload[:300].decode('utf-8', 'replace')}", "field": None})
-    return status, payload, {}  # its own answer (200 or a 4xx)
+    return status, payload, {}  # its own answer (200, a 4xx, or 500: could not store it)

@@ -1,13 +1,19 @@
 """Serving the per-host relay (:mod:`goodlens.collector.relay`) over HTTP: its Starlette app
 (``POST /v1/ingest``, ``GET /healthz``) and the uvicorn loop behind ``goodlens relay``, with
-an idle exit for relays the exporters start themselves.
+an idle exit for relays the exporters start themselves, on TCP or on a Unix socket of the
+user's own (bound under an ``flock``, mode 0600, removed at exit).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import signal
+import socket
+import stat
 import threading
 import time
 from typing import Any
@@ -21,6 +27,7 @@ from goodlens.collector.relay import (
     answer,
 )
 from goodlens.collector.serving import serve_until_exit
+from goodlens.exporter.private import UnsafePath, ensure_dir, open_private
 from goodlens.model.batch import BatchError
 from goodlens.model.batch_arrow import DECODERS
 
@@ -86,7 +93,14 @@ def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning")
     import uvicorn
 
     relay = Relay(config)
-    uconfig = uvicorn.Config(create_app(relay), host=config.host, port=config.port,
+    where: dict[str, Any] = {"host": config.host, "port": config.port}
+    bound = bind_unix(config.socket) if config.socket else None
+    if bound is not None:
+        where = {"fd": bound[0].fileno()}
+        if ready is not None:
+            report = ready
+            ready = lambda _name: report(config.port)  # noqa: E731 - the socket has no port
+    uconfig = uvicorn.Config(create_app(relay), **where,
                              log_level=log_level, access_log=False, lifespan="off",
                              timeout_graceful_shutdown=2 * config.timeout_s + 1)
     server = uvicorn.Server(uconfig)
@@ -110,4 +124,48 @@ def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning")
         asyncio.run(serve_until_exit(server, ready, idle_exit))
     finally:
         relay.close()
+        if bound is not None:
+            unbind_unix(config.socket or "", *bound)
     return relay
+
+
+def bind_unix(path: str) -> tuple[socket.socket, int]:
+    """A listening Unix socket at ``path`` only this user can connect to (mode 0600, in a
+    directory of this user that others cannot write to), and the ``flock`` on
+    ``path.lock`` that says a relay serves it (keep it open). A stale socket left by a relay
+    that died is replaced; a live relay's is not (RuntimeError)."""
+    ensure_dir(os.path.dirname(os.path.abspath(path)))
+    lock = open_private(path + ".lock", os.O_RDWR, create=True)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)
+        raise RuntimeError(f"another relay serves {path}") from None
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(path)
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                raise UnsafePath(f"{path} exists and is not a socket of this user")
+            os.unlink(path)  # no relay holds the lock: left by one that died
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(1024)
+    except BaseException:
+        os.close(lock)
+        raise
+    return sock, lock
+
+
+def unbind_unix(path: str, sock: socket.socket, lock: int) -> None:
+    """Remove the socket ``bind_unix`` made (ours while the lock is held) and release the
+    lock."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    sock.close()
+    os.close(lock)

@@ -66,12 +66,22 @@ def trace_batches(trace: Trace) -> Iterator[Batch]:
 
 def import_trace(store: Store, path: str | Path,
                  progress: Callable[[int], None] | None = None) -> dict[str, int]:
-    """Load a trace folder into ``store``; returns rows inserted and duplicates per table."""
+    """Load a trace folder into ``store``, all or nothing: the whole trace is validated
+    first (a :class:`TraceError` naming the file and column leaves the store as it was),
+    then written in one transaction. Returns rows inserted and duplicates per table."""
     trace = read_trace(path)
     totals = {"runs": len(trace.run_ids), "steps_inserted": 0, "steps_duplicate": 0,
               "events_inserted": 0, "events_duplicate": 0}
-    for batch in trace_batches(trace):
-        res = store.write_group([batch])[0]
+    for name in ("runs", "steps", "events"):
+        table = trace.tables.get(name)
+        if table is not None and "run_id" not in table.column_names:
+            raise TraceError(f"{name}.parquet of {path} has no run_id column")
+    try:
+        batches = list(trace_batches(trace))
+    except (KeyError, pa.ArrowException) as exc:  # a column the checks above rely on
+        raise TraceError(f"{path} is not a valid goodlens trace: {exc}") from None
+    results = store.write_group(batches)
+    for batch, res in zip(batches, results):
         for k, v in res.as_dict().items():
             totals[k] += v
         if progress:

@@ -13,7 +13,8 @@ Endpoints:
   inserted and recognised as duplicates; 400/413/415/422 naming what is wrong; 401/403 for
   a missing or wrong token; 503 with ``Retry-After`` when the write queue is full.
 - ``GET /metrics``: Prometheus text format.
-- ``GET /healthz``: liveness and queue depth.
+- ``GET /healthz``: liveness, version and queue depth (nothing about where the store is).
+- ``GET /openapi.json``: this API as an OpenAPI document (:mod:`goodlens.collector.openapi`).
 - ``GET /v1/runs``, ``GET /v1/runs/{run_id}``: the runs overview as JSON.
 - ``GET /v1/report?run=ID&since=T&until=T``: the time accounting (as ``goodlens report``).
 - ``/`` and everything else: whatever ASGI app the caller mounts there (``goodlens serve``
@@ -28,7 +29,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -39,11 +40,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from goodlens import __version__
 from goodlens.analysis.report import report_dict
 from goodlens.collector.metrics import make_registry
-from goodlens.collector.serving import serve_until_exit
+from goodlens.collector.openapi import openapi_document
+from goodlens.collector.serving import Limits, RequestGuard, serve_until_exit, uvicorn_config
 from goodlens.exporter.transport import is_loopback
 from goodlens.model.batch import BatchError
+from goodlens.model.batch import Limits as PushLimits
 from goodlens.model.batch_arrow import DECODERS
 from goodlens.model.jsonable import plain, records
 from goodlens.model.schema import SCHEMA_VERSION
@@ -69,6 +73,17 @@ class ServerConfig:
     """Bearer token required on ingest and the /v1 API when set."""
     max_body_bytes: int = 64 * 1024 * 1024
     """Largest accepted push; bigger ones get 413."""
+    max_push_rows: int = PushLimits.max_rows
+    """Most step plus event rows one push may hold; more get 413."""
+    max_decoded_bytes: int = PushLimits.max_decoded_bytes
+    """Most bytes one push may expand to once decoded (decompressed Arrow buffers,
+    dictionaries expanded, JSON values parsed); more get 413 before the memory is spent."""
+    max_duration_s: float = PushLimits.max_duration_s
+    """Longest step duration or wait accepted (422 beyond)."""
+    min_time_s: float = PushLimits.min_epoch_s
+    """Earliest instant accepted, seconds since the epoch (422 before)."""
+    max_time_s: float = PushLimits.max_epoch_s
+    """Latest instant accepted (422 after)."""
     max_queue_rows: int = 4_000_000
     """Rows the write queue may hold before pushes get 503."""
     summarize_interval_s: float = 1.0
@@ -81,6 +96,21 @@ class ServerConfig:
     """URL that receives each straggler finding once, as a JSON POST (a launcher evicts)."""
     hang_floor_s: float = 60.0
     """Shortest hang timeout (the adaptive timeout is 3x the longest step interval seen)."""
+    allow_hosts: tuple[str, ...] = ()
+    """``Host`` names a token-less collector answers to besides loopback ones and the bound
+    address (``*``: any; a token makes the check unnecessary)."""
+    init: bool = False
+    """Add goodlens's tables to an existing DuckDB file that does not have them."""
+    limits: Limits = field(default_factory=Limits)
+    """Header and body timeouts and the connection bound (see ``serving.Limits``)."""
+
+    def allowed_hosts(self) -> frozenset[str] | None:
+        """The Host names answered besides loopback ones; None: any (a token is set)."""
+        if self.token or "*" in self.allow_hosts:
+            return None
+        names = {h.strip().lower().strip("[]") for h in self.allow_hosts if h.strip()}
+        return frozenset({*names, self.host.lower().strip("[]")})
+
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be 0-65535, got {self.port}")
@@ -89,8 +119,9 @@ class ServerConfig:
         if self.summarize_interval_s <= 0:
             raise ValueError("the summarize interval must be positive")
         if not is_loopback(self.host) and not self.token:
-            raise ValueError(f"binding {self.host} exposes ingest beyond this machine; "
-                             "pass --token (or GOODLENS_TOKEN) so only your exporters can push")
+            raise ValueError(f"binding {self.host} exposes ingest beyond this machine; set "
+                             "a token (GOODLENS_TOKEN or --token-file) so only your exporters "
+                             "can push")
 
 
 def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -125,6 +156,7 @@ class CollectorApi:
             Route("/v1/runs/{run_id:path}", self.run, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
 
     def auth_error(self, request: Request) -> Response | None:
@@ -143,21 +175,32 @@ class CollectorApi:
             return _json({"error": "wrong token", "field": "authorization"}, 403)
         return None
 
-    async def _body(self, request: Request) -> bytes | Response:
-        """The request body, or the 413 answer once it passes the size limit."""
+    async def _body(self, request: Request) -> bytes | bytearray | Response:
+        """The request body, or the 413 answer once it passes the size limit. A declared
+        length is read into one growing buffer (a body costs its size once, not twice), never
+        reserved up front: a slow client declaring 64 MiB holds only what it has sent."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return _too_large(self.writer, self.config)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
+        if declared is not None and declared.isdigit():
+            if int(declared) > limit:
                 return _too_large(self.writer, self.config)
-        return bytes(body)
+            buf = bytearray()
+            async for chunk in request.stream():
+                if len(buf) + len(chunk) > int(declared):
+                    return _too_large(self.writer, self.config)
+                buf += chunk
+            return buf
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return _too_large(self.writer, self.config)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def ingest(self, request: Request) -> Response:
-        """``POST /v1/ingest``: validate, hand to the writer, answer after the commit."""
+        """``POST /v1/ingest``: validate, hand to the writer, answer after the commit. Every
+        refusal is counted on /metrics by reason; nothing a client sends gets a 500."""
         if (err := self.auth_error(request)) is not None:
             return err
         writer = self.writer
@@ -171,10 +214,15 @@ class CollectorApi:
         if isinstance(body, Response):
             return body
         try:
-            batch = await run_in_threadpool(decode, body)
+            batch = await run_in_threadpool(decode, body, _limits(self.config))
         except BatchError as exc:
-            writer.stats.reject("invalid")
+            writer.stats.reject(exc.reason)
             return _json(exc.as_dict(), exc.status)
+        except Exception as exc:  # the decoders raise BatchError only; a safety net
+            log.exception("decoding a push failed")
+            writer.stats.reject("invalid")
+            return _json({"error": f"batch could not be decoded: {type(exc).__name__}",
+                          "field": None}, 400)
         try:
             fut = writer.submit(batch)
         except Overloaded as exc:
@@ -194,10 +242,15 @@ class CollectorApi:
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(self, request: Request) -> Response:
-        """``GET /healthz``: liveness and queue depth (no token needed)."""
-        return _json({"status": "ok", "schema_version": SCHEMA_VERSION,
+        """``GET /healthz``: liveness, version and queue depth (no token needed, so nothing
+        about the machine: no paths)."""
+        return _json({"status": "ok", "version": __version__, "schema_version": SCHEMA_VERSION,
                       "queue_rows": self.writer.queue_rows,
-                      "uptime_s": time.time() - self.started, "db": self.config.db})
+                      "uptime_s": time.time() - self.started})
+
+    async def openapi(self, request: Request) -> Response:
+        """``GET /openapi.json``: this API as an OpenAPI 3.0 document (no token needed)."""
+        return _json(openapi_document(__version__))
 
     async def runs(self, request: Request) -> Response:
         """``GET /v1/runs``: every run, as ``goodlens runs --json``."""
@@ -227,11 +280,11 @@ class CollectorApi:
             return err
         q = request.query_params
 
-        def build() -> dict:
-            return report_dict(self.store, q.get("run"), q.get("since"), q.get("until"),
-                               hang_floor_s=self.config.hang_floor_s,
+        def build() -> dict:  # an empty parameter (?since=) is an absent one
+            return report_dict(self.store, q.get("run") or None, q.get("since") or None,
+                               q.get("until") or None, hang_floor_s=self.config.hang_floor_s,
                                exclude=(q.get("exclude") or "").split(","),
-                               as_of=q.get("as_of"))
+                               as_of=q.get("as_of") or None)
         try:
             rep = await run_in_threadpool(build)
         except KeyError as exc:
@@ -253,16 +306,33 @@ class CollectorApi:
 
 
 def create_app(store: Store, writer: Writer, config: ServerConfig,
-               detection: Any = None, root: Any = None) -> Starlette:
+               detection: Any = None, root: Any = None) -> RequestGuard:
     """The collector's ASGI app over an open store and a started writer; ``root``, an ASGI
-    app, is mounted at ``/`` after the collector's own routes."""
+    app, is mounted at ``/`` after the collector's own routes. Behind the Host allow-list
+    (token-less) and the body deadline of :class:`~goodlens.collector.serving.RequestGuard`."""
     routes: list[Any] = CollectorApi(store, writer, config, detection).routes()
     if root is not None:
         routes.append(Mount("/", app=root))
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={404: _http_error, 405: _http_error})
+    return RequestGuard(app, allowed=config.allowed_hosts(),
+                        body_timeout_s=config.limits.body_timeout_s)
+
+
+async def _http_error(request: Request, exc: Any) -> Response:
+    """404/405 as JSON, like every other answer of the API (see /openapi.json)."""
+    return _json({"error": f"{exc.detail}: {request.method} {request.url.path}; the API is "
+                  "described at /openapi.json", "field": None}, exc.status_code, exc.headers)
+
+
+def _limits(config: ServerConfig) -> PushLimits:
+    """The decoders' limits of a collector's config."""
+    return PushLimits(max_rows=config.max_push_rows, max_decoded_bytes=config.max_decoded_bytes,
+                  max_duration_s=config.max_duration_s, min_epoch_s=config.min_time_s,
+                  max_epoch_s=config.max_time_s)
 
 
 def _too_large(writer: Writer, config: ServerConfig) -> Response:
+    """The 413 answer to a body over ``--max-body`` (counted as ``too_large``)."""
     writer.stats.reject("too_large")
     return _json({"error": f"batch larger than {config.max_body_bytes} bytes; send smaller "
                   "batches or raise --max-body", "field": None}, 413)
@@ -287,7 +357,7 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit)
-    store = open_store(config.db, memory_limit=config.memory_limit)
+    store = open_store(config.db, memory_limit=config.memory_limit, init=config.init)
     writer = Writer(store, max_queue_rows=config.max_queue_rows,
                     summarize_interval_s=config.summarize_interval_s).start()
     detection = None
@@ -299,8 +369,8 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
                                      ).start()
     app = create_app(store, writer, config, detection,
                      None if root is None else root(store))
-    uconfig = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                             access_log=False, lifespan="off", timeout_graceful_shutdown=10)
+    uconfig = uvicorn_config(app, config.host, config.port, config.limits,
+                             log_level=log_level, timeout_graceful_shutdown=10)
     server = uvicorn.Server(uconfig)
     try:
         if ready is None:

@@ -12,6 +12,7 @@ import click
 
 from goodlens import __version__
 from goodlens.cli import cluster, data, plan, relay, reports, runs, serve, sim
+from goodlens.cli.deadletter import deadletter as _deadletter
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -26,7 +27,7 @@ def main() -> None:
 
 for _command in (serve.serve, reports.runs, reports.report, sim.simulate, reports.detect,
                  serve.dashboard, data.import_cmd, data.replay, data.export, plan.plan,
-                 relay.relay, runs.end_run):
+                 relay.relay, runs.end_run, _deadletter):
     main.add_command(_command)
 sim.simulate.add_command(cluster.cluster)
 

@@ -5,6 +5,7 @@ the two output forms (``--json`` through the one conversion, plain-text tables).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -100,14 +101,57 @@ class StoreSpec(click.ParamType):
         return str(path)
 
 
-def open_store(db: str, read_only: bool = True) -> Any:
-    """Open a DuckDB file or ``parquet:DIR``; a held, missing or foreign file is a clean error."""
+class StoreError(click.ClickException):
+    """A ``--db`` that is not a goodlens store (not a DuckDB file, another application's
+    database): one line, exit code 2 (the argument is wrong, as with a usage error)."""
+
+    exit_code = 2
+
+
+def open_store(db: str, read_only: bool = True, init: bool = False) -> Any:
+    """Open a DuckDB file or ``parquet:DIR``; a held, missing or foreign file is a clean
+    error (exit code 2 for one that is not a goodlens store); ``init`` lets a writable open
+    add goodlens's tables to a DuckDB file without them."""
     from goodlens.storage.parquet import open_store as open_any
-    from goodlens.storage.store import SchemaMismatch
+    from goodlens.storage.store import NotAStore, SchemaMismatch
     try:
-        return open_any(db, read_only=read_only)
+        return open_any(db, read_only=read_only, init=init)
+    except NotAStore as exc:
+        raise StoreError(str(exc)) from None
     except (FileNotFoundError, RuntimeError, SchemaMismatch) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def token_options(what: str) -> Any:
+    """``--token`` (or ``GOODLENS_TOKEN``) and ``--token-file``; the command reads them with
+    :func:`read_token`."""
+    def deco(f: Any) -> Any:
+        f = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+                         help=f"File whose first line is the {what} (not visible in `ps`, "
+                              "unlike --token).")(f)
+        return click.option("--token", envvar="GOODLENS_TOKEN", default=None,
+                            help=f"The {what} (or env GOODLENS_TOKEN). On the command line it "
+                                 "is visible to every user in `ps`: prefer the variable or "
+                                 "--token-file.")(f)
+    return deco
+
+
+def read_token(token: str | None, token_file: str | None) -> str | None:
+    """The token of ``--token``/``GOODLENS_TOKEN`` or ``--token-file`` (the file wins over
+    the variable; both on the command line is an error)."""
+    if token_file is None:
+        return token or None
+    source = click.get_current_context().get_parameter_source("token")
+    if token is not None and source == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give --token or --token-file, not both")
+    try:
+        text = Path(token_file).read_text().strip().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {token_file}: {exc}",
+                                 param_hint="--token-file") from None
+    if not text or not text[0].strip():
+        raise click.BadParameter(f"{token_file} is empty", param_hint="--token-file")
+    return text[0].strip()
 
 
 def get_json(url: str, token: str | None, body: Any = None) -> Any:
@@ -131,28 +175,38 @@ def get_json(url: str, token: str | None, body: Any = None) -> Any:
 
 
 def import_trace_file(store: Any, path: str, quiet: bool) -> dict[str, int]:
-    """Import a trace folder into an open store, with a progress bar on a terminal."""
+    """Import a trace folder into an open store, all or nothing, with a progress bar on a
+    terminal; a bad trace or a failed write is a one-line error."""
     from goodlens.collector.replay import import_trace
     from goodlens.model.trace import TraceError, read_trace
+    from goodlens.storage.store import StoreWriteError, write_failed
     try:
         trace = read_trace(path)
+        total = sum(t.num_rows for k, t in trace.tables.items() if k in ("steps", "events"))
+        with click.progressbar(length=total, label=f"importing {path}", file=sys.stderr,
+                               hidden=quiet or not sys.stderr.isatty()) as bar:
+            return import_trace(store, path, progress=bar.update)
     except TraceError as exc:
+        raise click.ClickException(f"{exc}; nothing was imported") from None
+    except StoreWriteError as exc:
         raise click.ClickException(str(exc)) from None
-    total = sum(t.num_rows for k, t in trace.tables.items() if k in ("steps", "events"))
-    with click.progressbar(length=total, label=f"importing {path}", file=sys.stderr,
-                           hidden=quiet or not sys.stderr.isatty()) as bar:
-        return import_trace(store, path, progress=bar.update)
+    except OSError as exc:  # a Parquet dataset's files
+        raise click.ClickException(str(write_failed(store.path, exc))) from None
 
 
-def import_into(db: str, trace: str, quiet: bool) -> dict[str, int]:
+def import_into(db: str, trace: str, quiet: bool, init: bool = False) -> dict[str, int]:
     """Open (or create) the store file, import the trace, close."""
     if not db.startswith("parquet:"):  # a dataset folder is made by the store itself
         os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
-    store = open_store(db, read_only=False)
+    store = open_store(db, read_only=False, init=init)
     try:
-        return import_trace_file(store, trace, quiet=quiet)
-    finally:
-        store.close()
+        totals = import_trace_file(store, trace, quiet=quiet)
+    except BaseException:
+        with contextlib.suppress(Exception):  # a full disk fails the close's checkpoint too
+            store.close()
+        raise
+    store.close()
+    return totals
 
 
 def overrides(pairs: tuple[str, ...], config_type: Any = None,

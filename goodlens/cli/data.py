@@ -8,20 +8,33 @@ import sys
 
 import click
 
-from goodlens.cli.common import StoreSpec, echo_json, import_into, open_store
+from goodlens.cli.common import (
+    StoreSpec,
+    echo_json,
+    import_into,
+    open_store,
+    read_token,
+    token_options,
+)
+
+INIT_HELP = ("Add goodlens's tables to an existing DuckDB file that lacks them (another "
+             "application's database); without it such a file is refused.")
 
 
 @click.command("import")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
 @click.option("--db", "--store", "db", required=True, type=StoreSpec(),
               help="Store file to load into (created if missing; no collector may hold it).")
+@click.option("--init", is_flag=True, help=INIT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def import_cmd(trace: str, db: str, as_json: bool) -> None:
+def import_cmd(trace: str, db: str, init: bool, as_json: bool) -> None:
     """Load a trace folder (Parquet, see docs/trace-format.md) into a store.
 
-    Rows already stored are recognised and skipped, so importing twice adds nothing.
+    All or nothing: the whole trace is checked first, and a trace with a missing or bad
+    column imports nothing. Rows already stored are recognised and skipped, so importing
+    twice adds nothing.
     """
-    totals = import_into(db, trace, quiet=as_json)
+    totals = import_into(db, trace, quiet=as_json, init=init)
     if as_json:
         echo_json(totals)
     else:
@@ -42,10 +55,11 @@ def import_cmd(trace: str, db: str, as_json: bool) -> None:
 @click.option("--as-now", is_flag=True,
               help="With --live: shift every timestamp so the trace starts now (a run still "
                    "going then reads as live, not as one that started long ago).")
-@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --live.")
+@token_options("token for --live")
+@click.option("--init", is_flag=True, help="With --db: " + INIT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def replay(trace: str, db: str | None, url: str | None, speed: float, as_now: bool,
-           token: str | None, as_json: bool) -> None:
+           token: str | None, token_file: str | None, init: bool, as_json: bool) -> None:
     """Replay a trace folder: offline into a store (--db), or live through a collector's
     ingest at --speed times real time (--live), as if the run were happening.
 
@@ -55,8 +69,9 @@ def replay(trace: str, db: str | None, url: str | None, speed: float, as_now: bo
         raise click.UsageError("give exactly one of --db PATH (offline) or --live URL")
     if as_now and not url:
         raise click.UsageError("--as-now shifts a live replay; use it with --live URL")
+    token = read_token(token, token_file)
     if db:
-        totals = import_into(db, trace, quiet=as_json)
+        totals = import_into(db, trace, quiet=as_json, init=init)
     else:
         from goodlens.collector.replay import stream_trace
         from goodlens.model.trace import TraceError, read_trace

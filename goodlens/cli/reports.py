@@ -15,7 +15,9 @@ from goodlens.cli.common import (
     get_json,
     open_store,
     read_run,
+    read_token,
     table,
+    token_options,
 )
 from goodlens.model.jsonable import plain, records
 from goodlens.model.units import format_duration, format_instant
@@ -29,12 +31,14 @@ _RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
 @click.option("--db", "--store", "db", type=StoreSpec(),
               help="Store file (no collector may hold it).")
 @click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
-@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
+@token_options("token for --url")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
-def runs(db: str | None, url: str | None, token: str | None, as_json: bool) -> None:
+def runs(db: str | None, url: str | None, token: str | None, token_file: str | None,
+         as_json: bool) -> None:
     """List the runs in a store: state, ranks, attempts, steps, duration."""
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH or --url URL")
+    token = read_token(token, token_file)
     if url:
         rows = get_json(url.rstrip("/") + "/v1/runs", token)["runs"]
     else:
@@ -128,7 +132,7 @@ def report_text(rep: dict[str, Any]) -> str:
 @click.option("--db", "--store", "db", type=StoreSpec(),
               help="Store file (no collector may hold it).")
 @click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
-@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
+@token_options("token for --url")
 @click.option("--run", "run_id", help="Run id (default: the most recently started run).")
 @click.option("--since", help="Window start: epoch s, ISO time, +2h (into the run), -30m (before "
                               "its end).")
@@ -141,9 +145,9 @@ def report_text(rep: dict[str, Any]) -> str:
                                       "forms as --since): only the steps and events of "
                                       "until then, so no later rollback re-files time.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
-def report(db: str | None, url: str | None, token: str | None, run_id: str | None,
-           since: str | None, until: str | None, excludes: tuple[str, ...],
-           as_of: str | None, as_json: bool) -> None:
+def report(db: str | None, url: str | None, token: str | None, token_file: str | None,
+           run_id: str | None, since: str | None, until: str | None,
+           excludes: tuple[str, ...], as_of: str | None, as_json: bool) -> None:
     """Where the wall-clock went: goodput and every bucket, per run, attempt and window.
 
     Buckets: productive, straggler_wait, checkpoint_stall, recompute, restart (detection,
@@ -152,6 +156,7 @@ def report(db: str | None, url: str | None, token: str | None, run_id: str | Non
     """
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH or --url URL")
+    token = read_token(token, token_file)
     exclude = [x.strip() for e in excludes for x in e.split(",") if x.strip()]
     if url:
         import urllib.parse
@@ -190,7 +195,10 @@ def detect(db: str, run_id: str, as_json: bool) -> None:
     whether they are still open at the end of the run or resolved.
     """
     from goodlens.analysis.findings import detect_run, finding_dicts
-    found = read_run(db, run_id, detect_run)
+    try:
+        found = read_run(db, run_id, detect_run)
+    except ValueError as exc:  # rank ids too sparse to lay out: say so, in one line
+        raise click.ClickException(f"{exc}; detection needs rank ids 0..N-1") from None
     rows = [{k: plain(v) for k, v in f.items()} for f in finding_dicts(found)]
     if as_json:
         echo_json({"run": run_id, "findings": rows})

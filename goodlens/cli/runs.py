@@ -17,7 +17,16 @@ from typing import Any
 
 import click
 
-from goodlens.cli.common import Duration, StoreSpec, echo_json, get_json, open_store, read_run
+from goodlens.cli.common import (
+    Duration,
+    StoreSpec,
+    echo_json,
+    get_json,
+    open_store,
+    read_run,
+    read_token,
+    token_options,
+)
 from goodlens.model.schema import SCHEMA_VERSION, EventKind
 from goodlens.model.units import format_duration, format_instant, parse_instant
 
@@ -26,7 +35,7 @@ from goodlens.model.units import format_duration, format_instant, parse_instant
 @click.option("--db", "--store", "db", type=StoreSpec(exists=True),
               help="Store to write to (a DuckDB file no collector holds, or parquet:DIR).")
 @click.option("--url", help="A running collector to send the event to instead.")
-@click.option("--token", envvar="GOODLENS_TOKEN", default=None, help="Token for --url.")
+@token_options("token for --url")
 @click.option("--run", "run_id", required=True, help="Run id.")
 @click.option("--cause", default="lost", show_default=True,
               help="Cause recorded with the failure (hang, lost, node_failure, ...).")
@@ -38,8 +47,9 @@ from goodlens.model.units import format_duration, format_instant, parse_instant
 @click.option("--force", is_flag=True,
               help="End it even though it is not silent past its timeout yet.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
-def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cause: str,
-            at: str | None, hang_floor: float, force: bool, as_json: bool) -> None:
+def end_run(db: str | None, url: str | None, token: str | None, token_file: str | None,
+            run_id: str, cause: str, at: str | None, hang_floor: float, force: bool,
+            as_json: bool) -> None:
     """End a run in progress whose job is gone: record a failure at its last activity
     plus its hang timeout (what the live hang detector records), so its wall-clock stops.
 
@@ -47,6 +57,7 @@ def end_run(db: str | None, url: str | None, token: str | None, run_id: str, cau
     racing store it once."""
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH or --url URL")
+    token = read_token(token, token_file)
     rep = _report(db, url, token, run_id, hang_floor)
     if not rep["in_progress"]:
         raise click.ClickException(f"run {run_id!r} has already ended; nothing to do")
@@ -98,9 +109,12 @@ def _report(db: str | None, url: str | None, token: str | None, run_id: str,
 
 def _write(db: str, doc: dict[str, Any]) -> int:
     from goodlens.model.batch import validate_batch
+    from goodlens.storage.store import StoreWriteError
     store = open_store(db, read_only=False)
     try:
         res = store.write_group([validate_batch(doc)])
+    except StoreWriteError as exc:
+        raise click.ClickException(str(exc)) from None
     finally:
         store.close()
     return res[0].events_inserted

@@ -17,9 +17,12 @@ from goodlens.cli.common import (
     LOG_LEVELS,
     ByteSize,
     Duration,
+    StoreError,
     StoreSpec,
     import_trace_file,
     open_store,
+    read_token,
+    token_options,
 )
 
 
@@ -43,21 +46,22 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
 
     import uvicorn
 
-    from goodlens.collector.serving import serve_until_exit
+    from goodlens.collector.serving import RequestGuard, serve_until_exit, uvicorn_config
     from goodlens.dashboard.app import create_app
     from goodlens.dashboard.asgi import dashboard_asgi
-    from goodlens.storage.parquet import open_store as open_any
+    from goodlens.exporter.transport import is_loopback
 
     def _exit(signum: int, frame: Any) -> None:
         raise SystemExit(0)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit)
-    store = open_any(db, read_only=True)
+    store = open_store(db, read_only=True)
     try:
-        app = dashboard_asgi(create_app(store, config))
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                               access_log=False, lifespan="off"))
+        # on loopback, only loopback Host names (no DNS rebinding from a browser's page)
+        app = RequestGuard(dashboard_asgi(create_app(store, config)), body_timeout_s=60.0,
+                           allowed=frozenset({host.lower()}) if is_loopback(host) else None)
+        server = uvicorn.Server(uvicorn_config(app, host, port, log_level=log_level))
         if ready is None:
             server.run()
         else:
@@ -70,12 +74,26 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
 @click.option("--db", "--store", "db", required=True, type=StoreSpec(),
               help="DuckDB file the collector owns (created if missing), or parquet:DIR: a "
                    "Parquet dataset that several collectors can write at once.")
+@click.option("--init", is_flag=True,
+              help="Add goodlens's tables to an existing DuckDB file that lacks them (another "
+                   "application's database); without it such a file is refused.")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind. Anything but loopback requires --token.")
+              help="Address to bind. Anything but loopback requires a token.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=int,
               help="TCP port (0 picks a free one).")
-@click.option("--token", envvar="GOODLENS_TOKEN", default=None,
-              help="Bearer token exporters must send (env GOODLENS_TOKEN).")
+@token_options("bearer token exporters and readers must send")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="Without a token only loopback Host names (localhost, 127.0.0.1, ::1) and "
+                   "the bound address are answered (421 otherwise: no DNS rebinding from a "
+                   "browser); add a name (repeatable; '*': any).")
+@click.option("--header-timeout", type=Duration(), default="10s", show_default=True,
+              help="A connection must send a request's headers within this (closed "
+                   "otherwise).")
+@click.option("--body-timeout", type=Duration(), default="60s", show_default=True,
+              help="A request's body must arrive within this of its headers (408 otherwise).")
+@click.option("--max-connections", type=int, default=4096, show_default=True,
+              help="Open connections beyond which requests get 503; a quarter may wait for "
+                   "their headers at once (the oldest is closed for a new one).")
 @click.option("--max-body", type=ByteSize(), default="64MiB", show_default=True,
               help="Largest accepted push.")
 @click.option("--max-queue-rows", type=int, default=4_000_000, show_default=True,
@@ -97,29 +115,37 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
                    "nothing).")
 @click.option("--log-level", default="info", show_default=True,
               type=LOG_LEVELS)
-def serve(db: str, host: str, port: int, token: str | None, max_body: int,
-          max_queue_rows: int, summarize_every: float, memory_limit: str, detect: bool,
-          webhook: str | None, hang_floor: float, dashboard: bool, loads: tuple[str, ...],
-          log_level: str) -> None:
-    """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz.
+def serve(db: str, init: bool, host: str, port: int, token: str | None,
+          token_file: str | None, allow_hosts: tuple[str, ...], header_timeout: float,
+          body_timeout: float, max_connections: int, max_body: int, max_queue_rows: int,
+          summarize_every: float, memory_limit: str, detect: bool, webhook: str | None,
+          hang_floor: float, dashboard: bool, loads: tuple[str, ...], log_level: str) -> None:
+    """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz,
+    the API's OpenAPI document on /openapi.json.
 
     One process owns the DuckDB file (DuckDB lets no other process open it meanwhile);
     stop it with Ctrl-C or SIGTERM, which writes everything queued first.
     """
     from goodlens.collector.server import ServerConfig
     from goodlens.collector.server import serve as run_server
+    from goodlens.collector.serving import Limits
+    from goodlens.storage.store import NotAStore
 
+    token = read_token(token, token_file)
     try:
+        limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                        max_connections=max_connections)
         config = ServerConfig(db=db, host=host, port=port, token=token,
                               max_body_bytes=max_body, max_queue_rows=max_queue_rows,
                               memory_limit=memory_limit, summarize_interval_s=summarize_every,
-                              detect=detect, webhook=webhook, hang_floor_s=hang_floor)
+                              detect=detect, webhook=webhook, hang_floor_s=hang_floor,
+                              allow_hosts=allow_hosts, init=init, limits=limits)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if not db.startswith("parquet:"):
         Path(db).parent.mkdir(parents=True, exist_ok=True)
     if loads:
-        store = open_store(db, read_only=False)
+        store = open_store(db, read_only=False, init=init)
         try:
             for path in loads:
                 import_trace_file(store, path, quiet=False)
@@ -136,6 +162,8 @@ def serve(db: str, host: str, port: int, token: str | None, max_body: int,
     try:
         run_server(config, ready=ready, log_level=log_level,
                    root=dashboard_root(token, detect) if dashboard else None)
+    except NotAStore as exc:
+        raise StoreError(str(exc)) from None
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -163,8 +191,8 @@ def dashboard(db: str, host: str, port: int, log_level: str) -> None:
                    err=True)
     try:
         serve_dashboard(db, host, port, ready=ready, log_level=log_level)
-    except Exception as exc:  # duckdb.IOException: the file is held by a collector
-        if "lock" in str(exc).lower():
+    except click.ClickException as exc:  # the file is held by a collector, or not a store
+        if "held by another process" in exc.message:
             raise click.ClickException(
                 f"{db} is held by a running collector; open the dashboard it serves at its "
                 "own URL (e.g. http://127.0.0.1:8470/) instead") from None

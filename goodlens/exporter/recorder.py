@@ -15,10 +15,11 @@ Usage in any training loop::
 
 Recording on the training thread is O(1): two clock reads, a tuple, a ``deque.append``
 (atomic under the GIL, so no lock is taken). A background thread drains the deques into
-columnar batches and hands them to :class:`~goodlens.exporter.transport.Transport` (HTTP, backoff,
-spill file). Memory is bounded: past ``max_buffer_rows`` rows waiting, new rows are
-dropped and counted, and the count is reported to the collector. Nothing raises into the
-training loop; with ``enabled=False`` (or ``GOODLENS_DISABLED=1``) every call is a no-op.
+columnar batches and hands them to :class:`~goodlens.exporter.transport.Transport` (HTTP,
+backoff, spill file, dead-letter file). Memory is bounded: past ``max_buffer_rows`` rows
+waiting, new rows are dropped and counted, and the count is reported to the collector.
+Nothing raises into the training loop; with ``enabled=False`` (or ``GOODLENS_DISABLED=1``)
+every call is a no-op.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import itertools
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 import weakref
@@ -39,6 +39,7 @@ from typing import Any
 
 from goodlens.exporter import lifecycle
 from goodlens.exporter.assembler import Assembler, compact, popleft
+from goodlens.exporter.private import spill_dir as resolve_spill_dir
 from goodlens.exporter.scopes import NULL_SCOPE, NullScope, Phases, PhaseScope, StepScope
 from goodlens.exporter.transport import ARROW, JSON, Transport, claim_spill
 from goodlens.model.jsonable import plain
@@ -78,11 +79,19 @@ class ExporterConfig:
     """Most step rows in one push."""
     max_buffer_rows: int = 1_000_000
     """Rows kept in memory waiting to be sent; beyond this new rows are dropped and counted."""
-    spill_dir: str | None = field(
-        default_factory=lambda: os.path.join(tempfile.gettempdir(), "goodlens-spill"))
-    """Where undeliverable batches wait for the collector; None drops them instead."""
+    spill_dir: str | None = "auto"
+    """Where undeliverable batches wait for the collector (and failing ones are set aside);
+    None drops them instead. ``auto``: ``GOODLENS_SPILL_DIR`` when set, else this user's
+    private directory (:mod:`goodlens.exporter.private`; mode 0700, never through a
+    symlink). If the directory is unusable, that is logged and batches that cannot be sent
+    are dropped and counted."""
     max_spill_bytes: int = 1 << 30
-    """Largest spill file; beyond it batches are dropped and counted."""
+    """Largest spill file (and dead-letter file); beyond it batches are dropped and counted."""
+    retry_attempts: int = 8
+    """Tries of a batch the collector answers with a 5xx (other than 502/503/504: it is up
+    but could not store this batch) before it is set aside in the dead-letter file."""
+    retry_max_age_s: float = 86_400.0
+    """Longest a batch waits for an absent collector before it is set aside (0: forever)."""
     heartbeat_interval_s: float = 10.0
     """After this long without a step, a heartbeat event proves the process alive (0: never)."""
     timeout_s: float = 5.0
@@ -94,11 +103,13 @@ class ExporterConfig:
     host_relay: bool = False
     """Send through a per-host relay (``GOODLENS_RELAY=1``, :mod:`goodlens.exporter.relay_client`):
     local
-    rank 0 starts it on ``relay_port`` when none listens, and every local rank pushes to it,
+    rank 0 starts it (on this user's Unix socket for ``relay_port``) when none runs, and
+    every local rank pushes to it,
     so the collector sees one connection per host instead of one per rank. While no relay
     for ``url`` answers there, batches go to ``url`` directly, as without this option."""
     relay_port: int = 8472
-    """Loopback port of the host relay (``GOODLENS_RELAY_PORT``)."""
+    """Names the host relay (``GOODLENS_RELAY_PORT``): its socket is ``relay-PORT.sock``
+    in this user's private directory."""
     hooks: bool = True
     """Install the process hooks of :mod:`goodlens.exporter.lifecycle` (``GOODLENS_HOOKS=0``
     to leave them out): an unhandled exception records ``failure``, and SIGTERM, SIGINT,
@@ -196,25 +207,16 @@ class RankExporter:
         if not self.enabled or not cfg.url:
             self.enabled = False  # nowhere to send: record nothing, cost nothing
             return
-        spill = None
-        if cfg.spill_dir:
-            try:
-                os.makedirs(cfg.spill_dir, exist_ok=True)
-                safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.run_id)
-                # one file per live process (two processes of one rank never share one);
-                # a restarted rank takes over the file, and its predecessors' leftovers
-                spill, self._spill_lock = claim_spill(cfg.spill_dir, f"{safe}-rank{cfg.rank}")
-            except OSError as exc:
-                log.warning("goodlens: no spill directory (%s); undeliverable batches will "
-                            "be dropped", exc)
+        spill = self._claim_spill()
+        policy = {"max_attempts": cfg.retry_attempts, "max_age_s": cfg.retry_max_age_s}
         if cfg.host_relay:  # starts the relay on local rank 0; falls back to cfg.url
             from goodlens.exporter.relay_client import host_relay_transport
             self._transport = host_relay_transport(cfg.url, cfg.relay_port, cfg.local_rank,
                                                    cfg.token, cfg.timeout_s, spill,
-                                                   cfg.max_spill_bytes)
+                                                   cfg.max_spill_bytes, **policy)
         else:
             self._transport = Transport(cfg.url, cfg.token, cfg.timeout_s, spill,
-                                        cfg.max_spill_bytes)
+                                        cfg.max_spill_bytes, **policy)
         self._thread = threading.Thread(target=self._run, name=f"goodlens-exporter-{cfg.rank}",
                                         daemon=True)
         self._thread.start()
@@ -225,6 +227,23 @@ class RankExporter:
         # with no method frame in between
         self.step = self._scope.arm  # type: ignore[method-assign]
         self.phase = self._phases.__getitem__  # type: ignore[method-assign]
+
+    def _claim_spill(self) -> str | None:
+        """This process's spill file in the spill directory, or None (logged) without one."""
+        cfg = self.config
+        if not cfg.spill_dir:
+            return None
+        try:
+            folder = resolve_spill_dir(cfg.spill_dir)
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.run_id)
+            # one file per live process (two processes of one rank never share one);
+            # a restarted rank takes over the file, and its predecessors' leftovers
+            spill, self._spill_lock = claim_spill(folder, f"{safe}-rank{cfg.rank}")
+            return spill
+        except OSError as exc:
+            log.warning("goodlens: spill directory unusable (%s); batches that cannot be "
+                        "sent now will be dropped and counted in dropped_rows", exc)
+            return None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RankExporter:
@@ -344,16 +363,27 @@ class RankExporter:
     def stats(self) -> dict[str, Any]:
         """What happened so far: rows waiting, dropped, and batches sent/spilled/rejected."""
         out: dict[str, Any] = {"pending_rows": len(self._steps) + len(self._events),
-                               "dropped_rows": self._asm.dropped, "enabled": self.enabled}
+                               "enabled": self.enabled}
         if self._transport is not None:
             out.update(self._transport.stats.__dict__)
+            out["rejected_by_status"] = dict(self._transport.stats.rejected_by_status)
             out["spill_waiting"] = self._transport.has_spill()
+        out["dropped_rows"] = self._dropped()
         return out
 
+    def _rejected(self) -> int:
+        return self._transport.stats.rejected_batches if self._transport is not None else 0
+
+    def _dropped(self) -> int:
+        """Rows not delivered: evicted or unencodable here, refused, set aside or not kept."""
+        lost = self._transport.stats.lost_rows if self._transport is not None else 0
+        return self._asm.dropped + lost
+
     def flush(self, timeout: float = 10.0, spill_ok: bool = False) -> bool:
-        """Send everything recorded so far; True when all of it reached the collector (with
-        ``spill_ok``, or the spill file: what a dying process can do). Never waits past
-        ``timeout``, also not for the background thread's send in progress."""
+        """Send everything recorded so far; True when nothing is left to send: all of it
+        reached the collector, or was refused or set aside and counted (with ``spill_ok``,
+        also when it waits in the spill file: what a dying process can do). Never waits
+        past ``timeout``, also not for the background thread's send in progress."""
         if self._transport is None:
             return True
         deadline = time.monotonic() + timeout
@@ -450,7 +480,7 @@ class RankExporter:
                 continue
             ctype = ARROW if arrow and not self._json_fallback else JSON
             self._json_fallback = False
-            self._asm.dropped += self._transport.deliver(body, rows, ctype)
+            self._transport.deliver(body, rows, ctype)  # losses: in its stats.lost_rows
             self._meta_sent = True
 
     def _next_batch(self, final: bool, max_steps: int | None = None,
@@ -465,7 +495,8 @@ class RankExporter:
         steps = self._asm.assemble(raw, marks, self._offset, self.attempt)
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "run_id": cfg.run_id,
                                "exporter": {"source": self.source,
-                                            "dropped_rows": self._asm.dropped}}
+                                            "dropped_rows": self._dropped(),
+                                            "rejected_batches": self._rejected()}}
         if not self._meta_sent:
             meta = dict(cfg.run_meta)
             if cfg.world_size is not None:

@@ -13,11 +13,19 @@ Columns are lists of equal length or scalars broadcast to that length. Unknown f
 rejected (a typo must not silently lose a column). The whole batch is accepted or rejected:
 a bad batch changes nothing, and other batches are unaffected. Column names and meanings
 come from :mod:`goodlens.model.schema`. No SQL and no I/O here.
+
+Every value is checked against its column (:func:`check_values`, shared with the Arrow
+decoder): integers fit 64 bits and lie in the column's range, floats are finite, instants
+lie in the window of :class:`Limits`, durations and waits between 0 and its maximum, strings
+no longer than the column allows. A push may hold at most ``Limits.max_rows`` rows and
+expand to at most ``Limits.max_decoded_bytes`` (413 otherwise, before the memory is spent).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +37,10 @@ import pyarrow.compute as pc
 from goodlens.model.schema import (
     EVENT_COLUMNS,
     EVENT_KINDS,
+    MAX_DURATION_S,
+    MAX_EPOCH_S,
+    MAX_INT,
+    MIN_EPOCH_S,
     RUN_COLUMNS,
     SCHEMA_VERSION,
     STEP_COLUMNS,
@@ -40,6 +52,32 @@ _TOP_LEVEL = {"schema_version", "run_id", "run", "steps", "events", "exporter"}
 _EXPORTER_FIELDS = {"source": str, "dropped_rows": int, "spilled_batches": int,
                     "rejected_batches": int}
 MAX_RUN_ID = 256
+MAX_SOURCE = 256
+"""Longest ``exporter.source`` (characters)."""
+JSON_BYTES_PER_VALUE = 32
+"""What one JSON value costs once parsed (a Python float and its list slot): a JSON body with
+more values than ``max_decoded_bytes / 32`` is refused before it is parsed."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one push may hold and the window its values must lie in (a collector's settings;
+    the defaults are the collector's defaults)."""
+
+    max_rows: int = 1_000_000
+    """Step plus event rows of one push."""
+    max_decoded_bytes: int = 256 * 1024 * 1024
+    """What a push may expand to once decoded: decompressed Arrow buffers, dictionaries
+    expanded, JSON values parsed."""
+    max_duration_s: float = MAX_DURATION_S
+    """Longest step duration or wait (``*_s`` columns)."""
+    min_epoch_s: float = MIN_EPOCH_S
+    """Earliest instant (``start_time``, ``time``), seconds since the epoch."""
+    max_epoch_s: float = MAX_EPOCH_S
+    """Latest instant."""
+
+
+DEFAULT_LIMITS = Limits()
 
 
 class BatchError(ValueError):
@@ -50,6 +88,12 @@ class BatchError(ValueError):
         self.message = message
         self.field = field
         self.status = status
+
+    @property
+    def reason(self) -> str:
+        """The rejection reason counted on ``/metrics``: ``decoded_too_large`` for a 413 (the
+        body was within the size limit, what it expands to is not), else ``invalid``."""
+        return "decoded_too_large" if self.status == 413 else "invalid"
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON body returned to the client."""
@@ -73,17 +117,43 @@ class Batch:
             self.events.num_rows if self.events is not None else 0)
 
 
-def decode_batch(body: bytes) -> Batch:
+def refusing(decode: Callable[..., Batch]) -> Callable[..., Batch]:
+    """A decoder that raises nothing but :class:`BatchError`: whatever else escapes decoding
+    (a pyarrow or numpy error on a value nobody foresaw) is a 400 naming it, never a 500
+    that an exporter would retry forever; running out of memory is a 413."""
+    @functools.wraps(decode)
+    def wrapper(body: bytes, *args: Any, **kwargs: Any) -> Batch:
+        try:
+            return decode(body, *args, **kwargs)
+        except BatchError:
+            raise
+        except MemoryError:
+            raise BatchError("batch is too large to decode; send smaller batches", None,
+                             413) from None
+        except Exception as exc:
+            raise BatchError(f"batch could not be decoded: {type(exc).__name__}: "
+                             f"{str(exc)[:300]}", None, 400) from None
+    return wrapper
+
+
+@refusing
+def decode_batch(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     """Parse and validate one wire batch; raises :class:`BatchError` saying what is wrong."""
+    values = body.count(b",") + 1  # an upper bound of the values in it
+    if values * JSON_BYTES_PER_VALUE > limits.max_decoded_bytes:
+        raise BatchError(f"batch holds up to {values} JSON values, more than the "
+                         f"{limits.max_decoded_bytes} bytes a push may expand to allow; send "
+                         "smaller batches", None, 413)
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BatchError(f"body is not valid JSON: {exc}", None, 400) from None
-    return validate_batch(doc)
+    return validate_batch(doc, limits)
 
 
-def validate_batch(doc: Any) -> Batch:
-    """Validate an already-decoded batch object (see the module docstring for the format)."""
+def validate_batch(doc: Any, limits: Limits = DEFAULT_LIMITS, rows: int = 0) -> Batch:
+    """Validate an already-decoded batch object (see the module docstring for the format);
+    ``rows``: rows of the push already decoded elsewhere (Arrow step rows)."""
     if not isinstance(doc, dict):
         raise BatchError("batch must be a JSON object", None, 400)
     unknown = set(doc) - _TOP_LEVEL
@@ -105,9 +175,10 @@ def validate_batch(doc: Any) -> Batch:
     if doc.get("run") is not None:
         batch.run = _validate_run(doc["run"])
     if doc.get("steps") is not None:
-        batch.steps = columns_to_table(doc["steps"], STEP_COLUMNS, "steps")
+        batch.steps = columns_to_table(doc["steps"], STEP_COLUMNS, "steps", limits, rows)
+        rows += batch.steps.num_rows
     if doc.get("events") is not None:
-        batch.events = columns_to_table(doc["events"], EVENT_COLUMNS, "events")
+        batch.events = columns_to_table(doc["events"], EVENT_COLUMNS, "events", limits, rows)
         _check_kinds(batch.events)
     if doc.get("exporter") is not None:
         batch.exporter = _validate_exporter(doc["exporter"])
@@ -125,10 +196,11 @@ def _validate_run(obj: Any) -> dict[str, Any]:
             raise BatchError(f"unknown field run.{key}; known: {sorted(known)}", f"run.{key}")
         if key == "tags" and isinstance(value, dict):
             value = orjson.dumps(value).decode()
-        if value is not None and not _scalar_ok(value, col.kind):
-            raise BatchError(f"run.{key} must be {_KIND_NAMES[col.kind]}", f"run.{key}")
-        if col.nonnegative and value is not None and value < 0:
-            raise BatchError(f"run.{key} must not be negative", f"run.{key}")
+        if value is not None:
+            if not _scalar_ok(value, col.kind):
+                raise BatchError(f"run.{key} must be {_want(col)}", f"run.{key}")
+            check_values(pa.array([value], ARROW_TYPES[col.kind]), col, f"run.{key}",
+                         DEFAULT_LIMITS)
         out[key] = value
     return out
 
@@ -143,27 +215,83 @@ def _validate_exporter(obj: Any) -> dict[str, Any]:
     out = {}
     for key, typ in _EXPORTER_FIELDS.items():
         if key in obj:
-            if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
+            value = obj[key]
+            if not isinstance(value, typ) or isinstance(value, bool):
                 raise BatchError(f"exporter.{key} must be {typ.__name__}", f"exporter.{key}")
-            out[key] = obj[key]
+            if typ is int and not 0 <= value <= MAX_INT:
+                raise BatchError(f"exporter.{key} must be between 0 and {MAX_INT} "
+                                 f"(got {value})", f"exporter.{key}")
+            if typ is str and not 0 < len(value) <= MAX_SOURCE:
+                raise BatchError(f"exporter.{key} must be a non-empty string of at most "
+                                 f"{MAX_SOURCE} characters", f"exporter.{key}")
+            out[key] = value
     return out
 
 
 _KIND_NAMES = {"int": "an integer", "float": "a number", "str": "a string"}
 
 
+def _want(col: Column) -> str:
+    """What a value of the column must be, as a message says it."""
+    return {"int": f"an integer from {-MAX_INT - 1} to {MAX_INT} (64 bits)",
+            "float": "a finite number", "str": "a string"}[col.kind]
+
+
 def _scalar_ok(value: Any, kind: str) -> bool:
+    """Whether a JSON value has the column's type (integers: one that fits 64 bits)."""
     if isinstance(value, bool):
         return False
     if kind == "int":
-        return isinstance(value, int)
+        return isinstance(value, int) and -MAX_INT - 1 <= value <= MAX_INT
     if kind == "float":
-        return isinstance(value, (int, float)) and math.isfinite(value)
+        return (isinstance(value, float) and math.isfinite(value)) or (
+            isinstance(value, int) and abs(value) <= MAX_INT)
     return isinstance(value, str)
 
 
-def columns_to_table(obj: Any, columns: tuple[Column, ...], where: str) -> pa.Table:
-    """Columnar JSON (lists or broadcast scalars) to an Arrow table with every model column."""
+def bounds(col: Column, limits: Limits) -> tuple[float | None, float | None]:
+    """The smallest and largest value of a numeric column (None: no bound but finiteness)."""
+    if col.kind == "int":
+        return (0 if col.nonnegative else -MAX_INT - 1,
+                MAX_INT if col.maximum is None else col.maximum)
+    if col.unit == "s (epoch)":
+        return (limits.min_epoch_s, limits.max_epoch_s if col.maximum is None
+                else min(col.maximum, limits.max_epoch_s))
+    hi = limits.max_duration_s if col.unit == "s" else col.maximum
+    return (0.0 if col.nonnegative else None), hi
+
+
+def check_values(arr: pa.Array, col: Column, name: str, limits: Limits) -> None:
+    """Refuse (422, ``name`` named) the first value of ``arr`` its column does not allow:
+    nulls where required, non-finite floats, values outside :func:`bounds`, too long
+    strings. ``arr`` has the column's Arrow type and has been validated."""
+    if col.required and arr.null_count:
+        raise BatchError(f"{name} must not contain nulls", name)
+    if arr.null_count == len(arr):
+        return
+    if col.kind == "str":
+        longest = pc.max(pc.binary_length(arr)).as_py()
+        if longest > col.max_len:
+            raise BatchError(f"{name} values must be at most {col.max_len} bytes of UTF-8 "
+                             f"(got one of {longest})", name)
+        return
+    if col.kind == "float" and not pc.all(pc.is_finite(arr)).as_py():
+        raise BatchError(f"{name} must be finite numbers (no NaN or infinity)", name)
+    lo, hi = bounds(col, limits)
+    mm = pc.min_max(arr)
+    low, high = mm["min"].as_py(), mm["max"].as_py()
+    if lo is not None and low < lo:
+        if lo == 0:
+            raise BatchError(f"{name} must not be negative (got {low}){unit_hint(col)}", name)
+        raise BatchError(f"{name} must be at least {lo} (got {low}){unit_hint(col)}", name)
+    if hi is not None and high > hi:
+        raise BatchError(f"{name} must be at most {hi} (got {high}){unit_hint(col)}", name)
+
+
+def columns_to_table(obj: Any, columns: tuple[Column, ...], where: str,
+                     limits: Limits = DEFAULT_LIMITS, rows: int = 0) -> pa.Table:
+    """Columnar JSON (lists or broadcast scalars) to an Arrow table with every model column;
+    ``rows``: rows of the push before these (the push may hold ``limits.max_rows``)."""
     if not isinstance(obj, dict):
         raise BatchError(f"{where} must be an object mapping column names to lists", where)
     known = {c.name: c for c in columns}
@@ -175,6 +303,9 @@ def columns_to_table(obj: Any, columns: tuple[Column, ...], where: str) -> pa.Ta
     if len(set(lengths.values())) > 1:
         raise BatchError(f"{where} columns have different lengths: {lengths}", where)
     n = next(iter(lengths.values())) if lengths else 1
+    if rows + n > limits.max_rows:
+        raise BatchError(f"batch holds {rows + n} rows, more than the {limits.max_rows} a push "
+                         "may hold; send smaller batches", where, 413)
     arrays = []
     for col in columns:
         name = f"{where}.{col.name}"
@@ -183,61 +314,46 @@ def columns_to_table(obj: Any, columns: tuple[Column, ...], where: str) -> pa.Ta
                 raise BatchError(f"{name} is required ({col.doc})", name)
             arrays.append(pa.nulls(n, ARROW_TYPES[col.kind]))
             continue
-        arrays.append(_column(obj[col.name], col, n, name))
+        arr = _column(obj[col.name], col, name)
+        check_values(arr, col, name, limits)
+        if not isinstance(obj[col.name], list):
+            arr = arr.take(pa.array(np.zeros(n, dtype=np.int64)))
+        arrays.append(arr)
     return pa.Table.from_arrays(arrays, names=[c.name for c in columns])
 
 
-def _column(value: Any, col: Column, n: int, name: str) -> pa.Array:
+def _column(value: Any, col: Column, name: str) -> pa.Array:
+    """One JSON column as an Arrow array of the column's type (a scalar: one value), its
+    values unchecked but of the right type."""
     typ = ARROW_TYPES[col.kind]
+    want = _KIND_NAMES[col.kind]
     if not isinstance(value, list):
         if not _scalar_ok(value, col.kind):
-            raise BatchError(f"{name} must be {_KIND_NAMES[col.kind]} or a list of them", name)
-        if col.nonnegative and value < 0:
-            raise BatchError(f"{name} must not be negative (got {value})", name)
-        if col.maximum is not None and value > col.maximum:
-            raise BatchError(f"{name} must be at most {col.maximum} (got {value})", name)
-        return pa.array([value], typ).take(pa.array(np.zeros(n, dtype=np.int64)))
+            raise BatchError(f"{name} must be {_want(col)}, or a list of them", name)
+        return pa.array([value], typ)
     if col.kind == "str":
         if not all(v is None or isinstance(v, str) for v in value):
             raise BatchError(f"{name} must be a list of strings", name)
-        arr = pa.array(value, typ)
-    else:
-        arr = _numeric(value, col, name)
-    if col.required and arr.null_count:
-        raise BatchError(f"{name} must not contain nulls", name)
-    return arr
-
-
-def _numeric(value: list, col: Column, name: str) -> pa.Array:
-    want = _KIND_NAMES[col.kind]
+        return pa.array(value, typ)
     try:
         nd = np.asarray(value) if value else np.zeros(0, dtype=np.float64)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise BatchError(f"{name} must be a flat list of {want.split(' ', 1)[1]}s", name) from None
     kind = nd.dtype.kind if nd.ndim == 1 else "nested"
     if kind in "iu" or (kind == "f" and col.kind == "float"):
-        if kind == "f" and not np.isfinite(nd).all():
-            raise BatchError(f"{name} must be finite numbers", name)
-        if col.nonnegative and nd.size and nd.min() < 0:
-            raise BatchError(f"{name} must not be negative (got {nd.min()})", name)
-        if kind == "u" and nd.size and nd.max() > np.iinfo(np.int64).max:
-            raise BatchError(f"{name} has a value too large for a 64-bit integer", name)
-        if col.maximum is not None and nd.size and nd.max() > col.maximum:
-            raise BatchError(f"{name} must be at most {col.maximum} (got {nd.max()})"
-                             f"{unit_hint(col)}", name)
+        if kind == "u" and nd.size and nd.max() > MAX_INT:
+            raise BatchError(f"{name} has a value too large for a 64-bit integer "
+                             f"(got {nd.max()})", name)
         return pa.array(nd.astype(np.int64 if col.kind == "int" else np.float64, copy=False))
+    if kind == "f" and col.kind == "int" and all(isinstance(v, int) for v in value):
+        raise BatchError(f"{name} has a value too large for a 64-bit integer", name)
     if kind == "O":  # nulls or mixed types: check element by element
         for v in value:
             if v is not None and not _scalar_ok(v, col.kind):
                 raise BatchError(f"{name} must be a list of {want.split(' ', 1)[1]}s or null "
-                                 f"(found {type(v).__name__} {v!r:.40})", name)
-        arr = pa.array(value, ARROW_TYPES[col.kind])
-        if col.nonnegative and arr.null_count < len(arr) and pc.min(arr).as_py() < 0:
-            raise BatchError(f"{name} must not be negative", name)
-        if col.maximum is not None and arr.null_count < len(arr) and \
-                pc.max(arr).as_py() > col.maximum:
-            raise BatchError(f"{name} must be at most {col.maximum}{unit_hint(col)}", name)
-        return arr
+                                 f"(found {type(v).__name__} {v!r:.40}"
+                                 f"{', beyond 64 bits' if isinstance(v, int) else ''})", name)
+        return pa.array(value, typ)
     raise BatchError(f"{name} must be a list of {want.split(' ', 1)[1]}s "
                      f"(found {nd.dtype.name} values)", name)
 
@@ -251,5 +367,7 @@ def _check_kinds(events: pa.Table) -> None:
 
 
 def unit_hint(col: Any) -> str:
-    return ("; instants are seconds since the epoch, not milliseconds or nanoseconds"
-            if col.unit == "s (epoch)" else "")
+    """What a range error should remind the sender of: the column's unit."""
+    if col.unit == "s (epoch)":
+        return "; instants are seconds since the epoch, not milliseconds or nanoseconds"
+    return "; durations are seconds" if col.unit == "s" else ""

@@ -46,9 +46,20 @@ EVENT_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
 MAX_RANK = 2**24 - 1
 """Largest rank accepted (16.7M ranks; keeps the collector's per-rank state bounded)."""
 MAX_ATTEMPT = 2**31 - 1
-MAX_EPOCH_S = 10_000_000_000
-"""Largest instant accepted (year 2286): milliseconds or nanoseconds since the epoch sent
+MAX_EPOCH_S = 4_102_444_800
+"""Largest instant accepted (2100-01-01): milliseconds or nanoseconds since the epoch sent
 by mistake are refused instead of stored as dates thousands of years away."""
+MIN_EPOCH_S = 0
+"""Smallest instant accepted by default (the epoch; a collector may narrow the window)."""
+MAX_DURATION_S = 86_400.0
+"""Longest step duration or wait accepted by default (a day; a collector may change it)."""
+MAX_GPUS_PER_RANK = 1024
+MAX_INT = 2**63 - 1
+"""Largest integer of any integer column (stored as 64-bit signed)."""
+MAX_STR_BYTES = 4096
+"""Longest string value (UTF-8 bytes) of a column without its own ``max_len``."""
+MAX_TEXT_BYTES = 65_536
+"""Longest free-form JSON text (``detail``, run ``tags``)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,8 @@ class Column:
     """Values below zero are rejected (durations, counts)."""
     maximum: int | None = None
     """Largest accepted value (ranks and attempts are bounded so per-rank state stays small)."""
+    max_len: int = MAX_STR_BYTES
+    """Longest accepted string value in UTF-8 bytes (``str`` columns)."""
 
 
 #: Per-rank step records: one row per (run, attempt, rank, step).
@@ -78,7 +91,7 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("step", "int", "", "training step number (repeats after a rollback)", required=True,
            nonnegative=True),
     Column("start_time", "float", "s (epoch)",
-           "when the step began, on the rank's host clock (seconds, below 1e10)",
+           "when the step began, on the rank's host clock (seconds, before 2100)",
            required=True, maximum=MAX_EPOCH_S),
     Column("duration_s", "float", "s", "wall time of the step on this rank", required=True,
            nonnegative=True),
@@ -102,7 +115,7 @@ EVENT_COLUMNS: tuple[Column, ...] = (
            required=True, nonnegative=True),
     Column("kind", "str", "", "one of the event kinds (see below)", required=True),
     Column("time", "float", "s (epoch)",
-           "when it happened, on the emitter's clock (seconds, below 1e10)",
+           "when it happened, on the emitter's clock (seconds, before 2100)",
            required=True, maximum=MAX_EPOCH_S),
     Column("attempt", "int", "", "attempt the event belongs to", required=True,
            nonnegative=True, maximum=MAX_ATTEMPT),
@@ -116,19 +129,21 @@ EVENT_COLUMNS: tuple[Column, ...] = (
     Column("cause", "str", "", "failure cause, or why an attempt ended"),
     Column("label", "str", "", "label of a custom interval"),
     Column("world_size", "int", "ranks", "new world size (world_resized, attempt_start)",
-           nonnegative=True),
-    Column("detail", "str", "", "free-form JSON text with anything else"),
+           nonnegative=True, maximum=MAX_RANK + 1),
+    Column("detail", "str", "", "free-form JSON text with anything else",
+           max_len=MAX_TEXT_BYTES),
 )
 
 #: Run metadata (one row per run). Sent in a batch's ``run`` object; later values win.
 RUN_COLUMNS: tuple[Column, ...] = (
     Column("name", "str", "", "human-readable name"),
-    Column("world_size", "int", "ranks", "ranks at launch", nonnegative=True),
+    Column("world_size", "int", "ranks", "ranks at launch", nonnegative=True,
+           maximum=MAX_RANK + 1),
     Column("gpus_per_rank", "int", "GPUs", "accelerators driven by one rank (usually 1)",
-           nonnegative=True),
+           nonnegative=True, maximum=MAX_GPUS_PER_RANK),
     Column("global_batch", "int", "samples", "global batch size", nonnegative=True),
     Column("model_params", "int", "parameters", "model parameter count", nonnegative=True),
-    Column("tags", "str", "", "free-form JSON object of tags"),
+    Column("tags", "str", "", "free-form JSON object of tags", max_len=MAX_TEXT_BYTES),
 )
 
 STEP_KEY = ("run_id", "attempt", "rank", "step")

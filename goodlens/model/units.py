@@ -88,7 +88,10 @@ def parse_instant(text: str | float, start: float | None = None, end: float | No
             raise ValueError(f"not a time: {text!r}")
         return float(text)
     s = str(text).strip()
-    if s[:1] in "+-":  # relative, always: "-30" is 30 s before the end, not epoch -30
+    if not s:
+        raise ValueError("an empty time: give epoch seconds, an ISO 8601 time, +DURATION or "
+                         "-DURATION")
+    if s[0] in "+-":  # relative, always: "-30" is 30 s before the end, not epoch -30
         ref = start if s[0] == "+" else end
         if ref is None:
             raise ValueError(f"{text!r} is relative to the run, but the run has no "

@@ -32,6 +32,36 @@ NEW_EVENTS = (f"{', '.join(EVENT_NAMES)} FROM (SELECT DISTINCT ON (source, seq) 
               "USING (source, seq)")
 
 
+@dataclass(frozen=True)
+class RankMarks:
+    """The largest stored step of each rank of one (run, attempt), as sorted rank ids and
+    their marks: memory follows the ranks seen, never the value of a rank id (one push
+    from rank 16,777,215 once grew a dense array to 128 MiB, kept for good)."""
+
+    ranks: np.ndarray
+    steps: np.ndarray
+
+    @classmethod
+    def empty(cls) -> RankMarks:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def lookup(self, rank: np.ndarray) -> np.ndarray:
+        """Each rank's mark, -1 for a rank not seen."""
+        if not len(self.ranks):
+            return np.full(len(rank), -1, np.int64)
+        i = np.minimum(np.searchsorted(self.ranks, rank), len(self.ranks) - 1)
+        return np.where(self.ranks[i] == rank, self.steps[i], -1)
+
+    def advanced(self, rank: np.ndarray, step: np.ndarray) -> RankMarks:
+        """These marks raised to ``step`` for each (unique) ``rank``."""
+        ranks = np.union1d(self.ranks, rank)
+        steps = np.full(len(ranks), -1, np.int64)
+        steps[np.searchsorted(ranks, self.ranks)] = self.steps
+        at = np.searchsorted(ranks, rank)
+        steps[at] = np.maximum(steps[at], step)
+        return RankMarks(ranks, steps)
+
+
 @dataclass
 class WriteResult:
     """What one batch changed: rows inserted and rows recognised as already stored."""
@@ -53,17 +83,16 @@ class Marks:
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self._con = con
-        self.steps: dict[tuple[str, int], np.ndarray] = {}
+        self.steps: dict[tuple[str, int], RankMarks] = {}
         self.events: dict[tuple[str, str], int] = {}
 
-    def stored_steps(self, run_id: str, attempt: int) -> np.ndarray:
-        """Largest stored step per rank of (run, attempt), -1 where none."""
+    def stored_steps(self, run_id: str, attempt: int) -> RankMarks:
+        """Largest stored step per rank of (run, attempt)."""
         rows = self._con.execute("SELECT rank, max(step) FROM steps WHERE run_id = ? AND "
-                                 "attempt = ? GROUP BY rank", [run_id, attempt]).fetchall()
-        marks = np.full(max([r for r, _ in rows], default=-1) + 1, -1, dtype=np.int64)
-        for r, m in rows:
-            marks[r] = m
-        return marks
+                                 "attempt = ? GROUP BY rank ORDER BY rank",
+                                 [run_id, attempt]).fetchall()
+        return RankMarks(np.array([r for r, _ in rows], np.int64),
+                         np.array([m for _, m in rows], np.int64))
 
     def stored_event(self, run_id: str, source: str) -> int:
         """Largest stored event seq of a source, -1 when none."""
@@ -82,7 +111,7 @@ class PendingMarks:
 
     def __init__(self, marks: Marks) -> None:
         self.marks = marks
-        self.steps: dict[tuple[str, int], np.ndarray] = {}
+        self.steps: dict[tuple[str, int], RankMarks] = {}
         self.events: dict[tuple[str, str], int] = {}
 
     def check_steps(self, run_id: str, t: pa.Table) -> tuple[bool, list[tuple[int, int, int]]]:
@@ -102,10 +131,9 @@ class PendingMarks:
             marks = self.steps.get(key)
             if marks is None:
                 marks = self.marks.steps.get(key)
-                marks = (self.marks.stored_steps(*key) if marks is None else marks).copy()
-            marks, above, top_r, top_s = check_marks(marks, r, s)
-            marks[top_r] = np.maximum(marks[top_r], top_s)  # top_r is unique
-            self.steps[key] = marks
+                marks = self.marks.stored_steps(*key) if marks is None else marks
+            above, top_r, top_s = check_marks(marks, r, s)
+            self.steps[key] = marks.advanced(top_r, top_s)  # top_r is unique
             fast = fast and above
             spans.append((int(a), int(s.min()), int(s.max())))
         return fast, spans
@@ -130,22 +158,18 @@ class PendingMarks:
         self.marks.events.update(self.events)
 
 
-def check_marks(marks: np.ndarray, rank: np.ndarray, step: np.ndarray
-                ) -> tuple[np.ndarray, bool, np.ndarray, np.ndarray]:
-    """The high-water-mark check of one (run, attempt)'s step rows: ``(marks grown to
-    cover every rank, whether every row lies above its rank's mark and no (rank, step)
-    repeats, the ranks present, each one's largest step)``. Marks are not advanced."""
-    if rank.max() >= len(marks):
-        grown = np.full(int(rank.max()) + 1, -1, dtype=np.int64)
-        grown[:len(marks)] = marks
-        marks = grown
-    above = not np.any(step <= marks[rank])
+def check_marks(marks: RankMarks, rank: np.ndarray, step: np.ndarray
+                ) -> tuple[bool, np.ndarray, np.ndarray]:
+    """The high-water-mark check of one (run, attempt)'s step rows: ``(whether every row
+    lies above its rank's mark and no (rank, step) repeats, the ranks present, each one's
+    largest step)``. Marks are not advanced."""
+    above = not np.any(step <= marks.lookup(rank))
     order = np.lexsort((step, rank))
     rs, ss = rank[order], step[order]
     same = rs[1:] == rs[:-1]
     above = above and not np.any(same & (ss[1:] <= ss[:-1]))  # a (rank, step) twice
     last = np.flatnonzero(np.r_[~same, True])  # each rank's largest step
-    return marks, above, rs[last], ss[last]
+    return above, rs[last], ss[last]
 
 
 def first_time(b: Batch) -> float | None:

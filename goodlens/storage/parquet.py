@@ -101,7 +101,7 @@ from goodlens.storage.segments import (
     hour_of,
     remove_files,
 )
-from goodlens.storage.store import Store
+from goodlens.storage.store import NotAStore, Store
 
 _TIME = {"steps": "start_time", "events": "time"}
 _COVERS = b"goodlens.covers"  # a summary checkpoint's step segments (zlib, base64 JSON)
@@ -116,21 +116,13 @@ class ParquetStore(SqlReader):
                  writer_id: str | None = None, compact_min_files: int = 8,
                  compact_after_s: float = 300.0, rescan_every_s: float = 2.0,
                  grace_s: float = 60.0, summary_every_s: float = 60.0,
-                 use_checkpoints: bool = True, save_after_open_s: float = 10.0) -> None:
+                 use_checkpoints: bool = True, save_after_open_s: float = 10.0,
+                 init: bool = False) -> None:
         super().__init__(lambda: self._con.cursor(), retry_io=True)
         self.root = Path(root)
         self.path = f"parquet:{self.root}"
         self.read_only = read_only
-        marker = self.root / "_goodlens.json"
-        if read_only and not marker.exists():
-            raise FileNotFoundError(f"no goodlens Parquet dataset at {self.root}")
-        if not read_only:
-            for sub in ("steps", "events", "runs"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
-            if not marker.exists():
-                atomic_write_bytes(marker, json.dumps(
-                    {"format": "goodlens-parquet", "schema_version": SCHEMA_VERSION}).encode())
-        found = json.loads(marker.read_text()).get("schema_version")
+        found = _open_marker(self.root, read_only, init)
         if found != SCHEMA_VERSION:
             raise version_mismatch(str(self.root), found)
         config: dict[str, Any] = {}
@@ -540,6 +532,34 @@ class ParquetStore(SqlReader):
             self.save_summaries()
             self._remove_doomed(everything=True)
         self._con.close()
+
+
+def _open_marker(root: Path, read_only: bool, init: bool) -> Any:
+    """The schema version in the dataset's marker file, creating the dataset when writable
+    and ``root`` is missing or empty (or ``init``: a folder holding other files);
+    :class:`NotAStore` for a folder that is not a goodlens dataset."""
+    marker = root / "_goodlens.json"
+    if root.exists() and not root.is_dir():
+        raise NotAStore(f"{root} is a file, not a goodlens Parquet dataset folder")
+    if read_only and not marker.exists():
+        raise FileNotFoundError(f"no goodlens Parquet dataset at {root}")
+    if not read_only and not marker.exists():
+        if root.exists() and any(root.iterdir()) and not init:
+            raise NotAStore(f"{root} holds files but no goodlens Parquet dataset; refusing to "
+                            "add one to it: pass --init to add it anyway, or use a new folder")
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(marker, json.dumps(
+            {"format": "goodlens-parquet", "schema_version": SCHEMA_VERSION}).encode())
+    try:
+        doc = json.loads(marker.read_text())
+    except (OSError, ValueError) as exc:
+        raise NotAStore(f"{marker} is not a goodlens dataset marker ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != "goodlens-parquet":
+        raise NotAStore(f"{marker} is not a goodlens dataset marker")
+    if not read_only:
+        for sub in ("steps", "events", "runs"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+    return doc.get("schema_version")
 
 
 def _with_run(t: pa.Table, run_id: str) -> pa.Table:

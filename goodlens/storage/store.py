@@ -22,6 +22,7 @@ so a crash before summarising loses nothing.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,57 @@ from goodlens.storage.schema import (
     version_mismatch,
 )
 
-__all__ = ["SchemaMismatch", "Store", "WriteResult"]
+__all__ = ["NotAStore", "SchemaMismatch", "Store", "StoreWriteError", "WriteResult"]
+
+#: The tables and views goodlens keeps in a DuckDB file.
+GOODLENS_TABLES = frozenset({"meta", "runs", "steps", "events", "dirty", "step_summaries",
+                             "attempts"})
+
+
+class NotAStore(RuntimeError):
+    """The path is not a goodlens store: not a DuckDB file, or another application's."""
+
+
+class StoreWriteError(RuntimeError):
+    """Writing to the store failed in the file system (a full disk, an I/O error); nothing
+    of the failed write was stored."""
+
+
+def write_failed(path: str, exc: BaseException) -> StoreWriteError:
+    """The error for a write to ``path`` that failed with the I/O error ``exc``."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if any(k in text.lower() for k in ("no space left", "disk full", "file too large")):
+        hint = ("the disk is full (or the file reached a size limit): free space, or move "
+                "the store to a bigger disk, and write again")
+    else:
+        hint = "check the disk and the file's permissions, then write again"
+    return StoreWriteError(f"writing to {path} failed ({text}); nothing of this write was "
+                           f"stored, what was committed before is kept; {hint}")
+
+
+def io_cause(exc: BaseException) -> BaseException | None:
+    """The file-system error behind ``exc`` (DuckDB reports the follow-up errors of a
+    failed write, such as an aborted transaction, on top of it), or None."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, duckdb.IOException | duckdb.FatalException | OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class Store(SqlReader):
     """A goodlens DuckDB file: schema, the writer's operations and the read API."""
 
     def __init__(self, path: str | Path, *, read_only: bool = False,
-                 memory_limit: str | None = None, threads: int | None = None) -> None:
+                 memory_limit: str | None = None, threads: int | None = None,
+                 init: bool = False) -> None:
+        """Open (or, writable, create) the store at ``path``. A file that is not a DuckDB
+        database, or a DuckDB database without goodlens's ``meta`` table, raises
+        :class:`NotAStore`; ``init`` adds goodlens's tables to the latter (never to one that
+        has a table of the same name)."""
         super().__init__(self._new_cursor)
         self.path = str(path)
         self.read_only = read_only
@@ -72,15 +116,11 @@ class Store(SqlReader):
             # checkpoint the write-ahead log every 256 MB rather than DuckDB's 16 MB: fewer
             # stalls of the single writer at high ingest rates
             config["checkpoint_threshold"] = "256MB"
-        if read_only and not Path(self.path).exists():
-            raise FileNotFoundError(f"no goodlens store at {self.path}")
+        self._con = _connect(self.path, read_only, config)
         try:
-            self._con = duckdb.connect(self.path, read_only=read_only, config=config)
-        except duckdb.IOException as exc:
-            if "lock" in str(exc).lower():
-                raise RuntimeError(
-                    f"{self.path} is held by another process (a running `goodlens serve`?); "
-                    "query that collector over HTTP (--url) or stop it first") from None
+            _check_goodlens(self._con, self.path, read_only, init)
+        except BaseException:
+            self._con.close()
             raise
         self._shadow: pa.Table | None = None
         if read_only:
@@ -180,8 +220,12 @@ class Store(SqlReader):
                 con.execute("INSERT INTO dirty SELECT * FROM _dirty")
                 con.unregister("_dirty")
             con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
+        except BaseException as exc:
+            with contextlib.suppress(duckdb.Error):  # a failed write may have ended it
+                con.execute("ROLLBACK")
+            cause = io_cause(exc)
+            if cause is not None:
+                raise write_failed(self.path, cause) from cause
             raise
         g.marks.commit()
         self._known_runs |= g.new_runs
@@ -251,6 +295,52 @@ class Store(SqlReader):
     def has_dirty(self) -> bool:
         """Whether some step ranges await summarising."""
         return self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0] > 0
+
+
+def _connect(path: str, read_only: bool, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
+    """A connection to the DuckDB file at ``path``, or an error saying in one line why not."""
+    file = Path(path)
+    if read_only and not file.exists():
+        raise FileNotFoundError(f"no goodlens store at {path}")
+    if not read_only and file.is_file() and file.stat().st_size == 0:
+        file.unlink()  # an empty file (mktemp's): a new store
+    try:
+        return duckdb.connect(path, read_only=read_only, config=config)
+    except duckdb.IOException as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            raise RuntimeError(
+                f"{path} is held by another process (a running `goodlens serve`?); "
+                "query that collector over HTTP (--url) or stop it first") from None
+        if "not a valid DuckDB database" in text:
+            raise NotAStore(f"{path} is not a goodlens store: not a DuckDB database file") \
+                from None
+        raise RuntimeError(f"cannot open {path}: {text.splitlines()[0]}") from None
+    except duckdb.Error as exc:  # e.g. a file of a newer DuckDB storage format
+        raise NotAStore(f"{path} cannot be opened as a goodlens store: "
+                        f"{str(exc).splitlines()[0]}") from None
+
+
+def _check_goodlens(con: duckdb.DuckDBPyConnection, path: str, read_only: bool,
+                    init: bool) -> None:
+    """Refuse a DuckDB file that is not goodlens's: one with tables but no ``meta`` (another
+    application's) unless ``init``, and even then one with a table goodlens would create."""
+    names = {n for (n,) in con.execute(
+        "SELECT table_name FROM information_schema.tables "
+        "WHERE table_catalog = current_database() AND table_schema = 'main'").fetchall()}
+    if "meta" in names or (not names and not read_only):
+        return
+    if read_only:
+        raise NotAStore(f"{path} is not a goodlens store: a DuckDB database without "
+                        "goodlens's tables (another application's?)")
+    clash = sorted(names & GOODLENS_TABLES)
+    if not init:
+        raise NotAStore(f"{path} is a DuckDB database without goodlens's tables (another "
+                        "application's?); refusing to add them: pass --init to add them "
+                        "anyway, or use a new file")
+    if clash:
+        raise NotAStore(f"{path} already has table(s) {', '.join(clash)} that goodlens did "
+                        "not create; use a new file")
 
 
 class _Group:

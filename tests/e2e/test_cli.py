@@ -183,7 +183,7 @@ def test_instants():
     assert parse_instant("1767225600") == 1767225600.0
     assert parse_instant("2026-01-01T00:00") == 1767225600.0  # UTC when no offset
     assert parse_instant("2026-01-01T01:00+01:00") == 1767225600.0
-    for bad in ("nan", "inf", "soon"):
+    for bad in ("nan", "inf", "soon", "", "  "):
         with pytest.raises(ValueError):
             parse_instant(bad)
     with pytest.raises(ValueError, match="relative to the run"):

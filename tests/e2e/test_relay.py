@@ -8,7 +8,6 @@ import math
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from goodlens.collector.relay import merge_batches
+from goodlens.exporter.private import relay_socket
 from goodlens.exporter.recorder import RankExporter
 from goodlens.exporter.relay_client import HostRelayTransport, relay_health
 from goodlens.model.batch import decode_batch
@@ -289,10 +289,11 @@ def test_goodlens_relay_env_starts_the_relay_on_local_rank_0_and_others_use_it(
             monkeypatch.setenv("LOCAL_RANK", str(rank))
             exps.append(RankExporter.from_env(flush_interval_s=0.05, heartbeat_interval_s=0))
             if rank == 0:
-                health = relay_health(port)
+                health = relay_health(port)  # on this user's Unix socket for the port
                 assert health is not None and health["upstream"] == collector.url
                 pid = health["pid"]
                 assert pid != os.getpid()
+                assert (os.stat(relay_socket(port)).st_mode & 0o777) == 0o600
         for exp in exps:
             assert isinstance(exp._transport, HostRelayTransport)
             for s in range(20):
@@ -320,7 +321,9 @@ def test_goodlens_relay_env_starts_the_relay_on_local_rank_0_and_others_use_it(
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        Path(tempfile.gettempdir(), f"goodlens-relay-{port}.log").unlink(missing_ok=True)
+        sock = relay_socket(port)  # the relay listened there, logged beside it
+        for leftover in (sock, sock + ".lock", sock.removesuffix(".sock") + ".log"):
+            Path(leftover).unlink(missing_ok=True)
     collector.stop()
     steps, _ = stored(collector, "auto")
     assert sorted(steps.groupby("rank").step.count()) == [20, 30]
