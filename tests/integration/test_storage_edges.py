@@ -257,3 +257,27 @@ def test_relay_answers_within_the_exporters_timeout(tmp_path: Path, delay_s: flo
     # stored when the collector keeps up, "retry later" when it does not
     assert all(t < 4.8 for _, t in got.values()), got
     assert {status for status, _ in got.values()} <= ok, got
+
+
+def test_a_huge_rank_id_costs_one_mark_not_an_array_sized_by_it(tmp_path):
+    """One push from rank 16,777,215 beside rank 0 once grew a dense array of high-water
+    marks to 128 MiB that stayed for good: the marks hold one entry per rank seen, and the
+    duplicate check still works for both ranks."""
+    from goodlens.model.batch import validate_batch
+    from goodlens.storage.store import Store
+    store = Store(tmp_path / "m.duckdb")
+    try:
+        def push(rank: int, steps: list[int]):
+            return store.write_group([validate_batch({
+                "schema_version": 1, "run_id": "r",
+                "steps": {"attempt": 0, "rank": rank, "step": steps,
+                          "start_time": [1000.0 + s for s in steps], "duration_s": 1.0}})])
+        push(0, [0, 1])
+        push(16_777_215, [0])
+        marks = store._marks.steps[("r", 0)]
+        assert list(marks.ranks) == [0, 16_777_215] and list(marks.steps) == [1, 0]
+        assert marks.ranks.nbytes + marks.steps.nbytes <= 64
+        again = push(16_777_215, [0, 1])  # one row stored already, one new
+        assert (again[0].steps_inserted, again[0].steps_duplicate) == (1, 1)
+    finally:
+        store.close()
