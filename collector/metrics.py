@@ -163,6 +163,12 @@ class GoodlensCollector(Collector):
                 n = st.rejected.get(reason, 0) + (st.batches_failed if reason == "write_error"
                                                   else 0)
                 rej.add_metric([reason], n)
+            by_src = CounterMetricFamily(
+                "goodlens_ingest_rejected_source_batches", "Batches refused, by the source "
+                "the sender named (X-Goodlens-Source: its run and rank; at most 256 sources, "
+                "then other) and reason", labels=["source", "reason"])
+            for (src, reason), n in sorted(st.rejected_by_source.items()):
+                by_src.add_metric([src, reason], n)
             batches = CounterMetricFamily("goodlens_ingest_batches", "Batches committed")
             batches.add_metric([], st.batches_committed)
             dropped = GaugeMetricFamily("goodlens_exporter_dropped_rows", "Rows exporters "
@@ -181,7 +187,7 @@ class GoodlensCollector(Collector):
             summ = CounterMetricFamily("goodlens_writer_summarize_seconds", "Time spent "
                                        "summarising steps")
             summ.add_metric([], st.summaries_seconds_sum)
-        yield from (rows, dup, rej, batches, dropped, depth, lat, summ)
+        yield from (rows, dup, rej, by_src, batches, dropped, depth, lat, summ)
 
 
 def make_registry(store: RunReader, writer: Writer | None = None,

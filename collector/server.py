@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -183,18 +184,18 @@ class CollectorApi:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit():
             if int(declared) > limit:
-                return _too_large(self.writer, self.config)
+                return _too_large(self.writer, self.config, _source(request))
             buf = bytearray()
             async for chunk in request.stream():
                 if len(buf) + len(chunk) > int(declared):
-                    return _too_large(self.writer, self.config)
+                    return _too_large(self.writer, self.config, _source(request))
                 buf += chunk
             return buf
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                return _too_large(self.writer, self.config)
+                return _too_large(self.writer, self.config, _source(request))
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -204,10 +205,11 @@ class CollectorApi:
         if (err := self.auth_error(request)) is not None:
             return err
         writer = self.writer
+        src = _source(request)
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
         decode = DECODERS.get(ctype)
         if decode is None:
-            writer.stats.reject("invalid")
+            writer.stats.reject("invalid", src)
             return _json({"error": f"content type {ctype} not supported; send "
                           f"{' or '.join(DECODERS)}", "field": "content-type"}, 415)
         body = await self._body(request)
@@ -216,17 +218,17 @@ class CollectorApi:
         try:
             batch = await run_in_threadpool(decode, body, _limits(self.config))
         except BatchError as exc:
-            writer.stats.reject(exc.reason)
+            writer.stats.reject(exc.reason, src)
             return _json(exc.as_dict(), exc.status)
         except Exception as exc:  # the decoders raise BatchError only; a safety net
             log.exception("decoding a push failed")
-            writer.stats.reject("invalid")
+            writer.stats.reject("invalid", src)
             return _json({"error": f"batch could not be decoded: {type(exc).__name__}",
                           "field": None}, 400)
         try:
             fut = writer.submit(batch)
         except Overloaded as exc:
-            writer.stats.reject("overloaded")
+            writer.stats.reject("overloaded", src)
             return _json({"error": f"{exc}; retry later", "field": None}, 503,
                          {"Retry-After": "1"})
         try:
@@ -331,9 +333,19 @@ def _limits(config: ServerConfig) -> PushLimits:
                   max_epoch_s=config.max_time_s)
 
 
-def _too_large(writer: Writer, config: ServerConfig) -> Response:
+_SOURCE_OK = re.compile(r"[A-Za-z0-9._:/@-]{1,80}")
+
+
+def _source(request: Request) -> str | None:
+    """The source a sender names (``X-Goodlens-Source``: its run and rank), when it is a
+    short plain name; used only to count refusals per source."""
+    src = request.headers.get("x-goodlens-source")
+    return src if src is not None and _SOURCE_OK.fullmatch(src) else None
+
+
+def _too_large(writer: Writer, config: ServerConfig, source: str | None = None) -> Response:
     """The 413 answer to a body over ``--max-body`` (counted as ``too_large``)."""
-    writer.stats.reject("too_large")
+    writer.stats.reject("too_large", source)
     return _json({"error": f"batch larger than {config.max_body_bytes} bytes; send smaller "
                   "batches or raise --max-body", "field": None}, 413)
 

@@ -216,7 +216,8 @@ class RankExporter:
                                                    cfg.max_spill_bytes, **policy)
         else:
             self._transport = Transport(cfg.url, cfg.token, cfg.timeout_s, spill,
-                                        cfg.max_spill_bytes, **policy)
+                                        cfg.max_spill_bytes, **policy,
+                                        source=f"{cfg.run_id}/rank-{cfg.rank}")
         self._thread = threading.Thread(target=self._run, name=f"goodlens-exporter-{cfg.rank}",
                                         daemon=True)
         self._thread.start()

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -114,7 +115,7 @@ class Transport:
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 5.0,
                  spill_path: str | None = None, max_spill_bytes: int = 1 << 30,
                  backoff_max_s: float = 30.0, max_attempts: int = 8,
-                 max_age_s: float = 86_400.0) -> None:
+                 max_age_s: float = 86_400.0, source: str | None = None) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"collector URL must be http(s)://host:port, got {url!r}")
@@ -125,6 +126,10 @@ class Transport:
         self._headers: dict[str, str] = {}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        if source and re.fullmatch(r"[A-Za-z0-9._:/@-]{1,80}", source):
+            # who this is (run and rank), so the collector can count refusals per source;
+            # a name a header cannot carry plainly is not sent
+            self._headers["X-Goodlens-Source"] = source
         self.timeout_s = timeout_s
         self.spill_path = spill_path
         self.dead_path = sp.dead_letter_path(spill_path) if spill_path else None

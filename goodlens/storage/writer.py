@@ -28,6 +28,10 @@ log = logging.getLogger("goodlens.writer")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+#: Most distinct sources the per-source rejection counts keep (then ``other``).
+MAX_REJECT_SOURCES = 256
+
+
 class Overloaded(RuntimeError):
     """The write queue is full; the client should retry later."""
 
@@ -45,6 +49,9 @@ class WriterStats:
     batches_failed: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     """Batches refused before the queue, by reason (invalid, auth, too_large, overloaded)."""
+    rejected_by_source: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Batches refused, by (source, reason): the sender's claimed source (its run and rank),
+    at most :data:`MAX_REJECT_SOURCES` of them (the rest count as ``other``)."""
     exporter_dropped: dict[str, int] = field(default_factory=dict)
     """Latest dropped-row count reported by each exporter source."""
     commits: int = 0
@@ -53,10 +60,17 @@ class WriterStats:
     summaries_seconds_sum: float = 0.0
     queued_rows: int = 0
 
-    def reject(self, reason: str) -> None:
-        """Count a batch refused before it reached the queue."""
+    def reject(self, reason: str, source: str | None = None) -> None:
+        """Count a batch refused before it reached the queue (and by its source, bounded:
+        a sender names itself, so the label set must not grow without limit)."""
         with self.lock:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            src = source or "unknown"
+            by = self.rejected_by_source
+            if (src, reason) not in by and len({k for k, _ in by}) >= MAX_REJECT_SOURCES \
+                    and src not in {k for k, _ in by}:
+                src = "other"
+            by[(src, reason)] = by.get((src, reason), 0) + 1
 
 
 _SYNC = object()

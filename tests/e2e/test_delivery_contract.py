@@ -105,6 +105,9 @@ def test_one_unstorable_row_among_4000_steps_loses_only_itself(collector):
     assert s["dead_letter_batches"] == 0 and not s["spill_waiting"], s
     assert stored_steps(collector, "one-bad") == 3999
     assert rejected_invalid(collector) - before >= 1  # the collector counted it too
+    _, text = http("GET", collector.url + "/metrics")  # ...and knows whose it was
+    assert 'goodlens_ingest_rejected_source_batches_total{reason="invalid",' \
+           'source="one-bad/rank-0"}' in text
     _, body = http("GET", collector.url + "/v1/runs/one-bad")
     assert body["run"]["steps"] == 3999
 

@@ -281,3 +281,21 @@ def test_a_huge_rank_id_costs_one_mark_not_an_array_sized_by_it(tmp_path):
         assert (again[0].steps_inserted, again[0].steps_duplicate) == (1, 1)
     finally:
         store.close()
+
+
+def test_rejections_per_source_are_bounded():
+    """A sender names its own source, so per-source refusal counts keep at most 256 names;
+    the rest are counted as ``other`` and nothing is lost from the per-reason totals."""
+    from goodlens.storage.writer import MAX_REJECT_SOURCES, WriterStats
+    st = WriterStats()
+    for i in range(300):
+        st.reject("invalid", f"run/rank-{i}")
+    st.reject("too_large", None)
+    sources = {s for s, _ in st.rejected_by_source}
+    assert len(sources) == MAX_REJECT_SOURCES + 1 and "other" in sources
+    # the first 256 names keep their own counts; the 44 after them, and the unnamed
+    # refusal once the table is full, are "other"
+    assert st.rejected_by_source[("other", "invalid")] == 300 - 256
+    assert st.rejected_by_source[("other", "too_large")] == 1
+    assert sum(v for (s, r), v in st.rejected_by_source.items() if r == "invalid") == 300
+    assert st.rejected == {"invalid": 300, "too_large": 1}
