@@ -92,6 +92,8 @@ def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning")
     """
     import uvicorn
 
+    from goodlens.collector.serving import Limits, RequestGuard, guarded_h11, raise_fd_limit
+
     relay = Relay(config)
     where: dict[str, Any] = {"host": config.host, "port": config.port}
     bound = bind_unix(config.socket) if config.socket else None
@@ -100,7 +102,14 @@ def serve(config: RelayConfig, *, ready: Any = None, log_level: str = "warning")
         if ready is not None:
             report = ready
             ready = lambda _name: report(config.port)  # noqa: E731 - the socket has no port
-    uconfig = uvicorn.Config(create_app(relay), **where,
+    # the collector's guards: header and body deadlines, a connection bound
+    limits = Limits()
+    raise_fd_limit(limits.max_connections + 256)
+    app = RequestGuard(create_app(relay), allowed=None, body_timeout_s=limits.body_timeout_s)
+    uconfig = uvicorn.Config(app, **where, http=guarded_h11(limits),
+                             limit_concurrency=limits.max_connections,
+                             timeout_keep_alive=limits.keep_alive_s,
+                             h11_max_incomplete_event_size=limits.max_header_bytes,
                              log_level=log_level, access_log=False, lifespan="off",
                              timeout_graceful_shutdown=2 * config.timeout_s + 1)
     server = uvicorn.Server(uconfig)
