@@ -47,6 +47,14 @@ class Block:
     """Rows x 3: the robust spread of the rank, host and switch residuals across the quiet
     units (NaN where fewer than 8 units: the detector then leans on the level below)."""
 
+    @property
+    def spread_rows(self) -> list[list[float]]:
+        """:attr:`spread` as plain floats, one list per row (read once per block)."""
+        rows = getattr(self, "_rows", None)
+        if rows is None:
+            rows = self._rows = self.spread.tolist()
+        return rows
+
 
 def prepare(lay: Layout, ready: np.ndarray, excl: np.ndarray, quiet: np.ndarray,
             min_ranks: int) -> Block:

@@ -19,6 +19,7 @@ then ``resolved``. Pure statistics: arrays or a frame in, :class:`Finding` datac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -198,8 +199,11 @@ class StragglerDetector:
         self._n_units = n_ranks + lay.n_hosts + lay.n_sw
         self._level = np.concatenate([np.zeros(n_ranks, np.int64), np.ones(lay.n_hosts, np.int64),
                                       np.full(lay.n_sw, 2, np.int64)])
-        self._sqrt_size = np.sqrt([1.0, float(np.median(lay.host_size)) if lay.n_hosts else 1.0,
-                                   float(np.median(lay.sw_size)) if lay.n_sw else 1.0])
+        self._sqrt_size = [math.sqrt(x) for x in (
+            1.0, float(np.median(lay.host_size)) if lay.n_hosts else 1.0,
+            float(np.median(lay.sw_size)) if lay.n_sw else 1.0)]
+        self._bounds = (n_ranks, n_ranks + lay.n_hosts)
+        self._level_buf = np.empty(self._n_units)
         self._k_floor = float(np.log1p(self.config.drift_k))
         self.attempt: int | None = None
         self._open: dict[int, _Open] = {}
@@ -220,7 +224,7 @@ class StragglerDetector:
         self.units = Units(self._n_units)
         self._sus = np.zeros(self._n_units, bool)
         self._hot = self._sus
-        self.scales = np.full(3, np.nan)
+        self.scales = [math.nan, math.nan, math.nan]
         self.med_ready = np.nan
         self.step_time = np.nan
         self.updates = 0
@@ -273,13 +277,18 @@ class StragglerDetector:
                  attempt: int | None) -> list[Finding]:
         """The recursive part of one step: noise scales, CUSUMs, findings."""
         cfg, u = self.config, self.units
-        level_s = self._level_scales(blk.spread[j])[self._level]
+        a, b, c = self._level_scales(blk.spread_rows[j])
+        level_s, (n, nh) = self._level_buf, self._bounds
+        level_s[:n], level_s[n:nh], level_s[nh:] = a, b, c
         res = blk.res[j]
         have = None if blk.have is None else blk.have[j]
         s = u.own_scale(res, have, cfg.own_alpha, cfg.own_min_steps, level_s)
-        k = np.maximum(self._k_floor, cfg.drift_k_sigmas * s)
-        z = (res - k) / s
-        np.clip(z, -cfg.step_cap, cfg.step_cap, out=z)
+        k = s * cfg.drift_k_sigmas
+        np.maximum(k, self._k_floor, out=k)
+        z = res - k
+        z /= s
+        np.maximum(z, -cfg.step_cap, out=z)
+        np.minimum(z, cfg.step_cap, out=z)
         u.step(z, res, k, blk.base[j], have, step, cfg.cusum_cap * cfg.threshold_h)
         self._hot = u.s > cfg.suspect_fraction * cfg.threshold_h
         ref_s = float(np.exp(blk.ref[j]))
@@ -290,21 +299,24 @@ class StragglerDetector:
         self._last_step = step
         return self._decide(step, attempt)
 
-    def _level_scales(self, spread: np.ndarray) -> np.ndarray:
+    def _level_scales(self, spread: list[float]) -> list[float]:
         """Per level (rank, host, switch) the noise scale: the spread across the level's
         quiet subjects (EWMA), never under what the level below implies for a median of
-        its size, and a half more where too few subjects make a spread unreliable."""
+        its size, and a half more where too few subjects make a spread unreliable. (Plain
+        floats: three scalars per step, where numpy's per-call cost would dominate.)"""
         cfg = self.config
-        out = np.empty(3)
-        prev = cfg.scale_floor
+        out = []
+        prev = floor0 = cfg.scale_floor
+        alpha = cfg.scale_alpha
         for lv in range(3):
             floor = prev if lv == 0 else _MEDIAN_SE * prev / self._sqrt_size[lv]
-            est = spread[lv] if np.isfinite(spread[lv]) else 1.5 * floor
-            now = max(est, floor, cfg.scale_floor)
+            est = spread[lv] if math.isfinite(spread[lv]) else 1.5 * floor
+            now = max(est, floor, floor0)
             old = self.scales[lv]
-            self.scales[lv] = now if np.isnan(old) else (
-                (1 - cfg.scale_alpha) * old + cfg.scale_alpha * now)
-            out[lv] = prev = max(self.scales[lv], cfg.scale_floor)
+            new = now if math.isnan(old) else (1 - alpha) * old + alpha * now
+            self.scales[lv] = new
+            prev = max(new, floor0)
+            out.append(prev)
         return out
 
     def _suspects_moved(self) -> bool:
