@@ -151,7 +151,7 @@ class Units:
         # began, not at a noise blip tens of steps before it (a loaded host's jitter)
         self.s_hi = np.zeros(n)
         self.start_hi = np.full(n, -1, np.int64)
-        self.h_rel, self.h_cnt = np.zeros(n), np.zeros(n)   # totals when it began
+        self.h_cnt = np.zeros(n)   # the step count when it began
         self.c_rel, self.c_cnt, self.c_pos, self.c_wait = (np.zeros(n) for _ in range(4))
         self.b_rel, self.b_cnt, self.b_pos, self.b_wait = (np.zeros(n) for _ in range(4))
         self.p_rel, self.p_cnt = np.zeros(n), np.zeros(n)   # totals at the excursion's peak
@@ -174,10 +174,11 @@ class Units:
         return self.c_wait[m] - self.b_wait[m]
 
     def sharp(self, m: list[int]) -> np.ndarray:
-        """Per unit of m: the stricter CUSUM's excursion began after the main one's and is
-        still on, with steps to its peak (the onset of a large shift is known better)."""
+        """Per unit of m: the stricter CUSUM's excursion began after the main one's, is still
+        on and reached the peak over at least 8 steps (a large shift: its onset is known
+        better; for a small one the stricter sum only flickers on and off)."""
         return (self.s_hi[m] > 0) & (self.start_hi[m] > self.start[m]) & \
-            (self.p_cnt[m] > self.h_cnt[m])
+            (self.p_cnt[m] - self.h_cnt[m] >= 8)
 
     def onset(self, m: list[int], step: int) -> int:
         """The first step of the slowdown of units m: where the stricter CUSUM's excursion
@@ -186,14 +187,12 @@ class Units:
         return int(st[st >= 0].min()) if (st >= 0).any() else step
 
     def slowdown(self, m: list[int]) -> float:
-        """Mean relative excess from the slowdown's onset to the evidence's peak, pooled over
-        the units m (weighted by their steps: a member's fresh short excursion barely moves
-        it)."""
-        sharp = self.sharp(m)
-        b_rel = np.where(sharp, self.h_rel[m], self.b_rel[m])
-        b_cnt = np.where(sharp, self.h_cnt[m], self.b_cnt[m])
-        rel = float((self.p_rel[m] - b_rel).sum())
-        return rel / max(float((self.p_cnt[m] - b_cnt).sum()), 1.0)
+        """Mean relative excess from the excursion's start to its peak, pooled over the units
+        m (weighted by their steps: a member's fresh short excursion barely moves it). From
+        the main CUSUM's start even when the stricter one gives the onset: averaging from
+        where a selected run of high steps began would bias it upwards."""
+        rel = float((self.p_rel[m] - self.b_rel[m]).sum())
+        return rel / max(float((self.p_cnt[m] - self.b_cnt[m]).sum()), 1.0)
 
     def own_scale(self, res: np.ndarray, have: np.ndarray | None, alpha: float, settle: int,
                   level_s: np.ndarray) -> np.ndarray:
@@ -239,7 +238,6 @@ class Units:
         rise_hi = (hi > 0) & (self.s_hi == 0)
         if rise_hi.any():
             self.start_hi[rise_hi] = step
-            self.h_rel = np.where(rise_hi, self.c_rel, self.h_rel)
             self.h_cnt = np.where(rise_hi, self.c_cnt, self.h_cnt)
         self.s_hi = hi
         exc = np.expm1(res)
