@@ -52,16 +52,11 @@ from goodlens.detectors.stragglers import (
 )
 from goodlens.model.batch import validate_batch
 from goodlens.model.schema import SCHEMA_VERSION, EventKind
+from goodlens.storage.queries import rank_id_limit
 from goodlens.storage.reader import RunReader
 from goodlens.storage.writer import Writer
 
 log = logging.getLogger("goodlens.detection")
-
-
-def sparse_limit(reporting: int) -> int:
-    """The largest rank id + 1 the detector is sized for, given how many ranks report:
-    memory follows the ranks that exist, never the value of an id."""
-    return 4 * reporting + 1024
 
 
 class DetectionService:
@@ -176,7 +171,7 @@ class DetectionService:
             self._state[(run_id, attempt)] = done_through  # no split: nothing to score
             return []
         n_ranks = int(rows["rank"].max()) + 1
-        if n_ranks > sparse_limit(int(rows["rank"].nunique())):
+        if n_ranks > rank_id_limit(int(rows["rank"].nunique())):
             # rank ids far sparser than the ranks reporting (a typo, a hostile push): the
             # detector's state is sized by the largest id, so it is not run for this run
             if run_id not in self._sparse:

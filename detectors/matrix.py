@@ -69,10 +69,11 @@ def step_matrix(attempt: np.ndarray, step: np.ndarray, rank: np.ndarray, value: 
     return StepMatrix(r_att, r_step, m, dur)
 
 
-def frame_matrix(steps: pd.DataFrame, value: str) -> StepMatrix:
-    """:func:`step_matrix` over a frame's ``attempt`` (0 when absent), ``step``, ``rank``,
-    ``value`` and ``duration_s`` (when present) columns."""
+def frame_matrix(steps: pd.DataFrame, value: str | np.ndarray) -> StepMatrix:
+    """:func:`step_matrix` over a frame's ``attempt`` (0 when absent), ``step``, ``rank``
+    and ``duration_s`` (when present) columns, of ``value``: a column's name, or one value
+    per row (computed by the caller, so the frame is not copied to hold it)."""
     att = steps["attempt"].to_numpy() if "attempt" in steps else np.zeros(len(steps), np.int64)
     dur = steps["duration_s"].to_numpy(float) if "duration_s" in steps else None
     return step_matrix(att, steps["step"].to_numpy(), steps["rank"].to_numpy(),
-                       steps[value].to_numpy(float), dur)
+                       steps[value].to_numpy(float) if isinstance(value, str) else value, dur)

@@ -19,6 +19,7 @@ then ``resolved``. Pure statistics: arrays or a frame in, :class:`Finding` datac
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from goodlens.detectors.matrix import StepMatrix, step_matrix
+from goodlens.detectors.matrix import StepMatrix, frame_matrix
 from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
 from goodlens.detectors.scoring import Block, Units, prepare
 from goodlens.detectors.topology import Layout, Topology
@@ -250,7 +251,7 @@ class StragglerDetector:
         """:meth:`update` for consecutive steps of one attempt at once (``ready`` rows x
         ranks): the same findings, prepared a block at a time (see
         :mod:`~goodlens.detectors.scoring`)."""
-        m = np.asarray(ready, dtype=float)
+        m = np.asarray(ready)   # any float dtype: each block is prepared in float32
         if m.ndim != 2 or m.shape[1] != self.n:
             raise ValueError(f"ready must have shape (steps, {self.n}), got {m.shape}")
         if attempt is not None and attempt != self.attempt:
@@ -507,10 +508,7 @@ def detect_stragglers(steps: pd.DataFrame, config: StragglerConfig | None = None
     report. Without a topology, hosts come from the ``host`` column (no switch level)."""
     if steps.empty:
         return []
-    att = steps["attempt"].to_numpy() if "attempt" in steps else np.zeros(len(steps), np.int64)
-    dur = steps["duration_s"].to_numpy(float) if "duration_s" in steps else None
-    sm = step_matrix(att, steps["step"].to_numpy(), steps["rank"].to_numpy(),
-                     ready_column(steps).to_numpy(float), dur)
+    sm = frame_matrix(steps, ready_column(steps).to_numpy(float))
     n = sm.n_ranks
     if topology is None and "host" in steps:
         hosts = steps.drop_duplicates("rank").set_index("rank")["host"]
@@ -526,16 +524,12 @@ def detect_matrix(sm: StepMatrix, config: StragglerConfig | None = None,
         return []
     det = StragglerDetector(config, sm.n_ranks, topology)
     latest: dict[str, Finding] = {}   # insertion order: order of first report
-    cuts = np.flatnonzero(np.diff(sm.attempts)) + 1
-    for rows in np.split(np.arange(len(sm.attempts)), cuts):
-        d = sm.duration[rows]
-        for lo in range(0, len(rows), _BLOCK):
-            part = rows[lo:lo + _BLOCK]
-            for f in det.update_many(sm.steps[part], sm.values[part],
-                                     np.where(np.isnan(d[lo:lo + _BLOCK]), 0.0,
-                                              d[lo:lo + _BLOCK]),
-                                     attempt=int(sm.attempts[rows[0]])):
-                latest[f.id] = f
+    bounds = [0, *(np.flatnonzero(np.diff(sm.attempts)) + 1).tolist(), len(sm.attempts)]
+    for lo, hi in itertools.pairwise(bounds):   # each attempt's rows
+        # (a NaN duration: none known, the median ready time stands in)
+        for f in det.update_many(sm.steps[lo:hi], sm.values[lo:hi],
+                                 sm.duration[lo:hi].tolist(), attempt=int(sm.attempts[lo])):
+            latest[f.id] = f
     for f in det.active():
         latest[f.id] = f
     return list(latest.values())

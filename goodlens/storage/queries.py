@@ -24,6 +24,13 @@ class SparseRanks(ValueError):
     with one column per rank id would size memory by an id's value."""
 
 
+def rank_id_limit(reporting: int) -> int:
+    """The largest rank id + 1 a per-rank layout is sized for, given how many ranks report
+    (the live detector and :meth:`SqlReader.ready_matrix` both hold to it): memory follows
+    the ranks that exist, never the value of an id."""
+    return 4 * reporting + 1024
+
+
 class SqlReader:
     """The read API (:class:`~goodlens.storage.reader.RunReader`) over cursors from
     ``new_cursor``, one per reading thread. ``retry_io``: retry a query once that fails to
@@ -131,7 +138,7 @@ class SqlReader:
         cur = self._cursor()
         distinct, top = cur.execute("SELECT count(DISTINCT rank), max(rank) FROM steps "
                                     "WHERE run_id = ?", [run_id]).fetchone()
-        if top is not None and top + 1 > 4 * distinct + 1024:
+        if top is not None and top + 1 > rank_id_limit(distinct):
             raise SparseRanks(f"run {run_id!r}: rank ids up to {top} for {distinct} ranks "
                               "reporting: too sparse to lay out one column per rank id")
         keys = cur.execute(
