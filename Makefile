@@ -11,7 +11,7 @@ APT_PACKAGES := chromium chromium-driver prometheus
 
 SAMPLES := $(patsubst %/manifest.json,%,$(wildcard sample_data/*/manifest.json))
 
-.PHONY: run test test-unit lint bench sample-data clean system-deps screenshots
+.PHONY: run reset test test-unit lint bench sample-data clean system-deps screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,13 +37,24 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(APT_PACKAGES); \
 	fi
 
-run: $(VENV)/.stamp-run
+# `make run RESET=1` starts from an empty store: the samples only
+run: $(VENV)/.stamp-run $(if $(RESET),reset)
 	@mkdir -p $(dir $(DB))
 	@echo "goodlens: collector on http://127.0.0.1:$(PORT) with the sample traces in $(DB)"
 	@echo "  dashboard: http://127.0.0.1:$(PORT)/"
 	@echo "  runs:    $(BIN)/goodlens runs --url http://127.0.0.1:$(PORT)"
 	@echo "  metrics: http://127.0.0.1:$(PORT)/metrics"
-	$(BIN)/goodlens serve --db $(DB) --port $(PORT) $(addprefix --load ,$(SAMPLES))
+	$(BIN)/goodlens serve --db $(DB) --port $(PORT) --metrics-retention all $(addprefix --load ,$(SAMPLES))
+
+# Removes the demo store alone (the samples load again on the next `make run`; importing them
+# is idempotent, so only what was sent to the collector since is lost); .venv/ stays.
+reset:
+	@if [ -x $(BIN)/goodlens ] && [ -e "$(patsubst parquet:%,%,$(DB))" ] && \
+	  $(BIN)/goodlens runs --db $(DB) 2>&1 | grep -q "held by another process"; then \
+	  echo "$(DB) is held by a running collector (make run?): stop it (Ctrl-C), then make reset"; \
+	  exit 1; \
+	fi
+	rm -rf $(patsubst parquet:%,%,$(DB)) $(patsubst parquet:%,%,$(DB)).wal
 
 test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
@@ -72,6 +83,16 @@ bench: $(VENV)/.stamp-test
 
 screenshots: $(VENV)/.stamp-test system-deps
 	$(BIN)/python docs/screenshots.py
+
+# The fault scenario (docs/elastic.md): 3 torchrun agents x 2 gloo ranks, a node killed, a
+# hot spare joining, a straggler evicted automatically; leaves the store in FAULTS_DIR.
+FAULTS_DIR ?= .goodlens/faults
+.PHONY: demo-faults
+demo-faults: $(VENV)/.stamp-test
+	rm -rf $(FAULTS_DIR)
+	$(BIN)/python examples/elastic/scenario.py --out $(FAULTS_DIR)
+	$(BIN)/goodlens report --db $(FAULTS_DIR)/faults.duckdb --run faults
+	@echo "dashboard: $(BIN)/goodlens dashboard --db $(FAULTS_DIR)/faults.duckdb --port $(PORT)"
 
 sample-data: $(VENV)/.stamp-run
 	$(BIN)/python sample_data/generate.py

@@ -8,7 +8,7 @@ Not part of the package: the scripts next to this file import it (``sys.path[0]`
 from __future__ import annotations
 
 import contextlib
-import http.client
+import http.client as httpclient
 import multiprocessing as mp
 import os
 import platform
@@ -285,15 +285,15 @@ class PushResult:
         return float(np.percentile(self.latencies_s, q) * 1e3)
 
 
-def push_connection(port: int) -> http.client.HTTPConnection:
+def push_connection(port: int) -> httpclient.HTTPConnection:
     """A persistent loopback connection to a collector (or relay), Nagle off."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn = httpclient.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.connect()
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return conn
 
 
-def post_ingest(conn: http.client.HTTPConnection, body: bytes,
+def post_ingest(conn: httpclient.HTTPConnection, body: bytes,
                 headers: dict[str, str]) -> tuple[float, int, bytes]:
     """One push, retried after a tenth of ``Retry-After`` on 429/503 (the queue is full):
     (seconds the accepted try took, retries, the answer's body)."""

@@ -59,6 +59,15 @@ from goodlens.storage.writer import Writer
 log = logging.getLogger("goodlens.detection")
 
 
+def _moved(old: Topology | None, new: Topology | None) -> bool:
+    """Whether a rank of ``new`` runs on another host than in ``old`` (by name)."""
+    if old is None or new is None:
+        return (old is None) != (new is None)
+    n = min(len(old.rank_host), len(new.rank_host))
+    return any(old.host_names[old.rank_host[r]] != new.host_names[new.rank_host[r]]
+               for r in range(n))
+
+
 class DetectionService:
     """Runs the straggler detector over live runs and publishes its findings."""
 
@@ -75,13 +84,14 @@ class DetectionService:
         self.findings: dict[str, dict[str, Finding]] = {}
         """Per run, each finding's latest state by its id (read by /metrics)."""
         self._seq: dict[tuple[str, str], int] = {}  # emissions so far per (run, finding id)
+        self._onset: dict[tuple[str, str], float] = {}  # first report's time, same key
         self.hang_config = hang_config or HangConfig()
         self.live_window_s = live_window_s
         self._state: dict[tuple[str, int], int] = {}  # last step read per (run, attempt)
         self._detectors: dict[str, StragglerDetector] = {}  # one per run, reset per attempt
         self._hangs: dict[tuple[str, int], HangDetector] = {}
         self._hung: set[tuple[str, int]] = set()
-        self._finished: set[str] = set()
+        self._finished: dict[str, Any] = {}  # ended runs read to their end: at which activity
         self._sparse: set[str] = set()  # runs whose rank ids are too sparse to detect on
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -98,6 +108,12 @@ class DetectionService:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def onset(self, run_id: str, finding_id: str) -> float | None:
+        """When a finding was first reported (the unix time of the step it was reported
+        at), or None when this service has not reported it."""
+        with self._lock:
+            return self._onset.get((run_id, finding_id))
 
     def flagged(self) -> dict[str, list[Finding]]:
         """Per run, the open findings (not resolved) in their latest state."""
@@ -119,9 +135,11 @@ class DetectionService:
         now = time.time() if now is None else now
         new: list[tuple[str, Any]] = []
         runs = self.store.runs()
-        for run_id, tags, state in zip(runs.run_id, runs.tags, runs.state):
-            if run_id in self._finished:
-                continue
+        activity = (list(zip(runs.attempts, runs.last_time)) if "last_time" in runs
+                    else [None] * len(runs))
+        for run_id, tags, state, seen in zip(runs.run_id, runs.tags, runs.state, activity):
+            if run_id in self._finished and self._finished[run_id] == seen:
+                continue  # ended, read to its end, nothing new since (a restart is new)
             summaries = self.store.step_summaries(run_id)
             if not len(summaries):
                 continue
@@ -131,7 +149,7 @@ class DetectionService:
                     run_id, int(attempt), s, tags,
                     final=state != "running" or int(attempt) < int(summaries.attempt.max()))]
             if state != "running" and len(new) == before:
-                self._finished.add(run_id)  # ended and read to its end: stop re-reading it
+                self._finished[run_id] = seen  # ended and read to its end
             latest = int(summaries.attempt.max())
             if state == "running":
                 new += [(run_id, h) for h in self._check_hang(run_id, latest, now)]
@@ -180,9 +198,10 @@ class DetectionService:
                             "detection skipped", run_id, n_ranks - 1, rows["rank"].nunique())
             self._state[(run_id, attempt)] = done_through
             return []
-        if det is None or n_ranks > det.n:
-            det = self._detectors[run_id] = StragglerDetector(
-                self.config, n_ranks, self._topology(rows, n_ranks, tags))
+        topo = self._topology(rows, n_ranks, tags)
+        if det is None or n_ranks > det.n or _moved(det.topology, topo):
+            # a new world (an elastic resize put other hosts on these ranks): new subjects
+            det = self._detectors[run_id] = StragglerDetector(self.config, n_ranks, topo)
         found: list[Finding] = []
         dur = dict(zip(summaries.step, summaries.duration_median))
         rows = rows.assign(ready_s=ready)
@@ -214,8 +233,11 @@ class DetectionService:
             self.findings.setdefault(run_id, {})[f.id] = f
             seq = self._seq.get((run_id, f.id), -1) + 1
             self._seq[(run_id, f.id)] = seq
+        when = self._time_of(run_id, f)
+        with self._lock:
+            self._onset.setdefault((run_id, f.id), when)
         event = {"source": f"detector/{f.id}", "seq": [seq],
-                 "kind": [EventKind.STRAGGLER_FLAGGED], "time": [self._time_of(run_id, f)],
+                 "kind": [EventKind.STRAGGLER_FLAGGED], "time": [when],
                  "attempt": f.attempt or 0, "step": [f.last_step],
                  "label": [f"{f.subject_kind}:{f.subject_id}"],
                  "detail": [json.dumps(body, default=float)]}

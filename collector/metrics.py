@@ -1,15 +1,25 @@
-"""Prometheus exposition: a custom collector that reads current aggregates at scrape time.
+"""Prometheus exposition: what is live, formatted at scrape time with no query.
 
 Nothing is pre-registered as module state: :func:`make_registry` builds a fresh
 ``CollectorRegistry`` for one collector process (and one per test). Per-run series carry a
-``run`` label; per-rank labels appear only for a bounded set of flagged ranks (added by the
-detectors), never one series per rank of a 16k-rank job.
+``run`` label and exist only for runs active within the retention (live, or ended within
+``--metrics-retention``, default 1 h), so the series count follows what is live; older runs
+stay queryable through ``/v1/report``, the CLI and the dashboard. Their numbers come from the
+:class:`~goodlens.collector.reports.ReportKeeper`, which recomputes a run's report as its
+rows arrive: a scrape formats what is kept and never runs the accounting. Per-rank labels
+appear only for a bounded set of flagged subjects, never one series per rank.
+
+Names follow Prometheus's conventions: counters end in ``_total``, units are in the names
+(``_seconds``, ``_ratio``, ``_timestamp_seconds``), ``quantile`` appears only on the
+step-time summary, and ``goodlens_run_time_seconds{bucket}`` includes ``productive`` so its
+buckets sum to ``goodlens_run_wall_clock_seconds``. The series are listed with their
+meaning in ``docs/prometheus.md`` (with the alerting rules of ``contrib/prometheus/``).
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,10 +29,12 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
-from goodlens.analysis.accounting import account_run
+from goodlens.collector.reports import STATES, KeeperConfig, ReportKeeper, RunStatus
 from goodlens.storage.reader import RunReader
 from goodlens.storage.writer import LATENCY_BUCKETS, Writer
 
@@ -30,169 +42,220 @@ log = logging.getLogger("goodlens.metrics")
 
 REJECT_REASONS = ("invalid", "auth", "too_large", "decoded_too_large", "overloaded",
                   "write_error")
-"""Why pushes are refused (``goodlens_ingest_rejected_batches{reason}``, each always
+"""Why pushes are refused (``goodlens_ingest_rejected_batches_total{reason}``, each always
 exposed): 400/415/422, 401/403, a body over ``--max-body``, a push expanding beyond the
-decoded rows/bytes limits (413), a full write queue (503), a failed write (500). Not per
-source: a refused push's source id is whatever the sender claims (or unknown when the body
-does not decode), so it would make the label set the sender's to grow; exporters report
-their own refused batches (``exporter.rejected_batches``)."""
+decoded rows/bytes limits (413), a full write queue (503), a failed write (500)."""
+
+QUANTILES = (("0.5", "step_p50"), ("0.9", "step_p90"), ("0.99", "step_p99"))
 
 
 class GoodlensCollector(Collector):
-    """Per-run progress and step-time quantiles, plus the collector's own health."""
+    """Per-run progress, accounting and state, flagged stragglers, and the collector's own
+    health; read from the report keeper, the detection service and the writer's counters."""
 
-    def __init__(self, store: RunReader, writer: Writer | None = None, window_steps: int = 100,
-                 accounting_ttl_s: float = 10.0, detection: Any = None) -> None:
-        self.store = store
+    def __init__(self, keeper: ReportKeeper, writer: Writer | None = None,
+                 detection: Any = None, detached: bool = False) -> None:
+        self.keeper = keeper
         self.writer = writer
         self.detection = detection
-        self.window_steps = window_steps
-        self.accounting_ttl_s = accounting_ttl_s
-        self._acc_cache: dict[str, tuple[float, Any]] = {}
+        self.detached = detached
 
     def collect(self) -> Iterator[Metric]:
         """Called by prometheus_client on every scrape."""
-        yield from self._runs()
-        yield from self._goodput()
+        if self.detached:  # no summariser feeds the keeper: bring it up to date now
+            self.keeper.catch_up()
+        runs = self.keeper.exported()
+        yield from _progress(runs)
+        yield from _accounting(runs)
         if self.detection is not None:
-            yield from self._stragglers(self.detection.flagged())
+            exported = {st.row.run_id for st in runs}
+            yield from _stragglers(self.detection, exported)
         if self.writer is not None:
-            yield from self._self_metrics(self.writer)
+            yield from _self_metrics(self.writer)
 
-    def _runs(self) -> Iterator[Metric]:
-        steps = CounterMetricFamily("goodlens_run_steps", "Steps summarised for the run "
-                                    "(all attempts; a redone step counts again)", labels=["run"])
-        last = GaugeMetricFamily("goodlens_run_last_step", "Latest step of the run's latest "
-                                 "attempt", labels=["run"])
-        attempt = GaugeMetricFamily("goodlens_run_attempt", "Latest attempt number",
-                                    labels=["run"])
-        ranks = GaugeMetricFamily("goodlens_run_ranks_reporting", "Ranks that reported the "
-                                  "latest summarised step", labels=["run"])
-        qs = GaugeMetricFamily("goodlens_run_step_duration_seconds", "Step time (slowest "
-                               "rank) quantiles over the latest steps", labels=["run", "quantile"])
-        try:
-            df = self.store.run_metrics(self.window_steps)
-        except Exception:
-            log.exception("reading run metrics failed")
-            return
-        for r in df.itertuples(index=False):
-            steps.add_metric([r.run_id], float(r.steps))
-            last.add_metric([r.run_id], float(r.last_step))
-            attempt.add_metric([r.run_id], float(r.attempt))
-            ranks.add_metric([r.run_id], float(r.ranks_reporting))
-            for q, v in (("0.5", r.step_p50), ("0.9", r.step_p90), ("0.99", r.step_p99)):
-                qs.add_metric([r.run_id, q], float(v))
-        yield from (steps, last, attempt, ranks, qs)
 
-    def _goodput(self) -> Iterator[Metric]:
-        ratio = GaugeMetricFamily("goodlens_run_goodput_ratio", "Productive share of the run's "
-                                  "wall-clock", labels=["run"])
-        gpu = GaugeMetricFamily("goodlens_run_gpu_time_goodput_ratio", "Productive share of "
-                                "the run's allocated GPU-time", labels=["run"])
-        wall = GaugeMetricFamily("goodlens_run_wall_clock_seconds", "Wall-clock of the run so "
-                                 "far", labels=["run"])
-        bad = GaugeMetricFamily("goodlens_run_badput_seconds", "Wall-clock lost, by bucket "
+def _progress(runs: list[RunStatus]) -> Iterator[Metric]:
+    """State, activity, steps and step times: what an alert on a run reads."""
+    state = GaugeMetricFamily("goodlens_run_state", "1 for the run's current state, 0 for the "
+                              "others (running, completed, failed, preempted, other)",
+                              labels=["run", "state"])
+    start = GaugeMetricFamily("goodlens_run_start_timestamp_seconds", "When the run started "
+                              "(unix time)", labels=["run"])
+    last = GaugeMetricFamily("goodlens_run_last_activity_timestamp_seconds", "The run's "
+                             "latest row (unix time of its data)", labels=["run"])
+    hang = GaugeMetricFamily("goodlens_run_hang_timeout_seconds", "Silence after which a run "
+                             "in progress counts as hung (its step rhythm, at least the "
+                             "floor)", labels=["run"])
+    failures = CounterMetricFamily("goodlens_run_failures", "Attempts of the run that ended "
+                                   "in a failure", labels=["run"])
+    hangs = CounterMetricFamily("goodlens_run_hangs", "Hangs the collector detected in the "
+                                "run", labels=["run"])
+    steps = CounterMetricFamily("goodlens_run_steps", "Steps summarised for the run (all "
+                                "attempts; a redone step counts again)", labels=["run"])
+    last_step = GaugeMetricFamily("goodlens_run_last_step", "Latest step of the run's latest "
+                                  "attempt", labels=["run"])
+    attempt = GaugeMetricFamily("goodlens_run_attempt", "Latest attempt number",
+                                labels=["run"])
+    ranks = GaugeMetricFamily("goodlens_run_ranks_reporting", "Ranks that reported the "
+                              "latest summarised step", labels=["run"])
+    durations = SummaryMetricFamily("goodlens_run_step_duration_seconds", "Step time (slowest "
+                                    "rank): quantiles over the latest 100 steps, sum and count "
+                                    "over every step", labels=["run"])
+    for st in runs:
+        r, run = st.row, [st.row.run_id]
+        for s in STATES:
+            state.add_metric([r.run_id, s], float(s == st.state))
+        if r.start is not None:
+            start.add_metric(run, r.start)
+        if r.last_time is not None:
+            last.add_metric(run, r.last_time)
+        silence = (r.report or {}).get("silence")
+        if silence and st.state == "running":
+            hang.add_metric(run, float(silence["timeout_s"]))
+        m = r.metrics or {}
+        failures.add_metric(run, float(m.get("failures") or 0))
+        hangs.add_metric(run, float(m.get("hangs") or 0))
+        steps.add_metric(run, float(r.steps))
+        if not m:
+            continue
+        last_step.add_metric(run, float(m["last_step"]))
+        attempt.add_metric(run, float(m["attempt"]))
+        ranks.add_metric(run, float(m["ranks_reporting"]))
+        durations.add_metric(run, count_value=float(m["steps"]),
+                             sum_value=float(m["step_seconds"] or 0.0))
+        for q, key in QUANTILES:
+            if m.get(key) is not None:
+                durations.samples.append(Sample(durations.name, {"run": r.run_id,
+                                                                 "quantile": q}, m[key]))
+    yield from (state, start, last, hang, failures, hangs, steps, last_step, attempt, ranks,
+                durations)
+
+
+def _accounting(runs: list[RunStatus]) -> Iterator[Metric]:
+    """Where each run's wall-clock went, from its kept report."""
+    ratio = GaugeMetricFamily("goodlens_run_goodput_ratio", "Productive share of the run's "
+                              "wall-clock", labels=["run"])
+    gpu = GaugeMetricFamily("goodlens_run_gpu_time_goodput_ratio", "Productive share of "
+                            "the run's allocated GPU-time", labels=["run"])
+    wall = GaugeMetricFamily("goodlens_run_wall_clock_seconds", "Wall-clock of the run so "
+                             "far", labels=["run"])
+    buckets = GaugeMetricFamily("goodlens_run_time_seconds", "Wall-clock by bucket, "
+                                "productive included: the buckets sum to the wall-clock "
                                 "(straggler_wait absent when not measured)",
                                 labels=["run", "bucket"])
-        part = GaugeMetricFamily("goodlens_run_restart_seconds", "Restart time by part",
-                                 labels=["run", "part"])
-        try:
-            run_ids = list(self.store.runs().run_id)
-        except Exception:
-            log.exception("listing runs failed")
-            return
-        now = time.monotonic()
-        for run_id in run_ids:
-            cached = self._acc_cache.get(run_id)
-            if cached is None or cached[0] < now:
-                try:
-                    b = account_run(self.store, run_id).breakdown()
-                except Exception:
-                    log.exception("accounting run %s failed", run_id)
-                    continue
-                cached = self._acc_cache[run_id] = (now + self.accounting_ttl_s, b)
-            b = cached[1]
-            ratio.add_metric([run_id], b.goodput)
-            if b.gpu_time_goodput is not None:
-                gpu.add_metric([run_id], b.gpu_time_goodput)
-            wall.add_metric([run_id], b.wall_clock_s)
-            for name, v in b.buckets.items():
-                if name != "productive" and v is not None:
-                    bad.add_metric([run_id, name], v)
-            for name, v in b.restart_parts.items():
-                part.add_metric([run_id, name], v)
-        yield from (ratio, gpu, wall, bad, part)
-
-    def _stragglers(self, flagged: dict) -> Iterator[Metric]:
-        """Series only for open findings (a bounded set), never one per rank; each in its
-        latest state (the detector re-estimates a finding as it lasts)."""
-        count = GaugeMetricFamily("goodlens_run_ranks_flagged", "Ranks covered by open "
-                                  "straggler findings", labels=["run"])
-        slow = GaugeMetricFamily("goodlens_straggler_slowdown_ratio", "Estimated slowdown of "
-                                 "each flagged rank, host or switch",
-                                 labels=["run", "kind", "subject", "action"])
-        cost = GaugeMetricFamily("goodlens_straggler_wait_per_hour_seconds", "Wait a flagged "
-                                 "subject costs per hour if left alone",
-                                 labels=["run", "kind", "subject"])
-        waited = GaugeMetricFamily("goodlens_straggler_wait_seconds", "Wall-clock the job "
-                                   "has waited on a flagged subject since its onset",
-                                   labels=["run", "kind", "subject"])
-        for run_id, findings in flagged.items():
-            count.add_metric([run_id], float(len({r for f in findings for r in f.ranks})))
-            latest = {(f.subject_kind, str(f.subject_id)): f for f in findings}  # per subject
-            for f in latest.values():
-                slow.add_metric([run_id, f.subject_kind, str(f.subject_id), f.action], f.slowdown)
-                cost.add_metric([run_id, f.subject_kind, str(f.subject_id)], f.wait_per_hour_s)
-                waited.add_metric([run_id, f.subject_kind, str(f.subject_id)],
-                                  f.straggler_wait_s)
-        yield from (count, slow, cost, waited)
-
-    def _self_metrics(self, writer: Writer) -> Iterator[Metric]:
-        st = writer.stats
-        with st.lock:
-            rows = CounterMetricFamily("goodlens_ingest_rows", "Rows stored", labels=["table"])
-            rows.add_metric(["steps"], st.steps_inserted)
-            rows.add_metric(["events"], st.events_inserted)
-            dup = CounterMetricFamily("goodlens_ingest_duplicate_rows", "Rows received again "
-                                      "and ignored (re-sent batches)", labels=["table"])
-            dup.add_metric(["steps"], st.steps_duplicate)
-            dup.add_metric(["events"], st.events_duplicate)
-            rej = CounterMetricFamily("goodlens_ingest_rejected_batches", "Batches refused, "
-                                      "by reason", labels=["reason"])
-            for reason in (*REJECT_REASONS, *sorted(set(st.rejected) - set(REJECT_REASONS))):
-                n = st.rejected.get(reason, 0) + (st.batches_failed if reason == "write_error"
-                                                  else 0)
-                rej.add_metric([reason], n)
-            by_src = CounterMetricFamily(
-                "goodlens_ingest_rejected_source_batches", "Batches refused, by the source "
-                "the sender named (X-Goodlens-Source: its run and rank; at most 256 sources, "
-                "then other) and reason", labels=["source", "reason"])
-            for (src, reason), n in sorted(st.rejected_by_source.items()):
-                by_src.add_metric([src, reason], n)
-            batches = CounterMetricFamily("goodlens_ingest_batches", "Batches committed")
-            batches.add_metric([], st.batches_committed)
-            dropped = GaugeMetricFamily("goodlens_exporter_dropped_rows", "Rows exporters "
-                                        "reported dropping (buffer or spill full), summed")
-            dropped.add_metric([], float(sum(st.exporter_dropped.values())))
-            depth = GaugeMetricFamily("goodlens_writer_queue_rows", "Rows waiting to be written")
-            depth.add_metric([], st.queued_rows)
-            cum, buckets = 0, []
-            for ub, n in zip(LATENCY_BUCKETS, st.commit_buckets):
-                cum += n
-                buckets.append((repr(ub), cum))
-            buckets.append(("+Inf", st.commits))
-            lat = HistogramMetricFamily("goodlens_writer_commit_seconds", "Time to write and "
-                                        "commit one group of batches", buckets=buckets,
-                                        sum_value=st.commit_seconds_sum)
-            summ = CounterMetricFamily("goodlens_writer_summarize_seconds", "Time spent "
-                                       "summarising steps")
-            summ.add_metric([], st.summaries_seconds_sum)
-        yield from (rows, dup, rej, by_src, batches, dropped, depth, lat, summ)
+    parts = GaugeMetricFamily("goodlens_run_restart_seconds", "Restart time by part",
+                              labels=["run", "part"])
+    when = GaugeMetricFamily("goodlens_run_report_timestamp_seconds", "When these numbers "
+                             "were computed (unix time): they follow the rows as they arrive",
+                             labels=["run"])
+    for st in runs:
+        rep, run = st.row.report, [st.row.run_id]
+        if not rep:
+            continue
+        ratio.add_metric(run, _f(rep.get("goodput")))
+        if rep.get("gpu_time_goodput") is not None:
+            gpu.add_metric(run, _f(rep["gpu_time_goodput"]))
+        wall.add_metric(run, _f(rep.get("wall_clock_s")))
+        for name, v in (rep.get("buckets") or {}).items():
+            if v is not None:
+                buckets.add_metric([st.row.run_id, name], _f(v))
+        for name, v in (rep.get("restart_parts") or {}).items():
+            if v is not None:
+                parts.add_metric([st.row.run_id, name], _f(v))
+        when.add_metric(run, _f(st.row.computed_at))
+    yield from (ratio, gpu, wall, buckets, parts, when)
 
 
-def make_registry(store: RunReader, writer: Writer | None = None,
-                  detection: Any = None) -> CollectorRegistry:
-    """A fresh registry holding the goodlens collector (and nothing process-global)."""
+def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
+    """Series only for open findings of exported runs (a bounded set), never one per rank;
+    each in its latest state (the detector re-estimates a finding as it lasts)."""
+    count = GaugeMetricFamily("goodlens_run_ranks_flagged", "Ranks covered by open "
+                              "straggler findings", labels=["run"])
+    slow = GaugeMetricFamily("goodlens_straggler_slowdown_ratio", "Estimated slowdown of "
+                             "each flagged rank, host or switch",
+                             labels=["run", "kind", "subject", "action"])
+    cost = GaugeMetricFamily("goodlens_straggler_wait_per_hour_seconds", "Wait a flagged "
+                             "subject costs per hour if left alone",
+                             labels=["run", "kind", "subject"])
+    waited = GaugeMetricFamily("goodlens_straggler_wait_seconds", "Wall-clock the job "
+                               "has waited on a flagged subject since its onset",
+                               labels=["run", "kind", "subject"])
+    onset = GaugeMetricFamily("goodlens_straggler_onset_timestamp_seconds", "When the open "
+                              "finding was first reported (unix time of its data)",
+                              labels=["run", "kind", "subject"])
+    for run_id, findings in sorted(detection.flagged().items()):
+        if run_id not in exported:
+            continue
+        count.add_metric([run_id], float(len({r for f in findings for r in f.ranks})))
+        latest = {(f.subject_kind, str(f.subject_id)): f for f in findings}  # per subject
+        for (kind, subject), f in latest.items():
+            slow.add_metric([run_id, kind, subject, f.action], f.slowdown)
+            cost.add_metric([run_id, kind, subject], f.wait_per_hour_s)
+            waited.add_metric([run_id, kind, subject], f.straggler_wait_s)
+            t = detection.onset(run_id, f.id)
+            if t is not None:
+                onset.add_metric([run_id, kind, subject], t)
+    yield from (count, slow, cost, waited, onset)
+
+
+def _self_metrics(writer: Writer) -> Iterator[Metric]:
+    st = writer.stats
+    with st.lock:
+        rows = CounterMetricFamily("goodlens_ingest_rows", "Rows stored", labels=["table"])
+        rows.add_metric(["steps"], st.steps_inserted)
+        rows.add_metric(["events"], st.events_inserted)
+        dup = CounterMetricFamily("goodlens_ingest_duplicate_rows", "Rows received again "
+                                  "and ignored (re-sent batches)", labels=["table"])
+        dup.add_metric(["steps"], st.steps_duplicate)
+        dup.add_metric(["events"], st.events_duplicate)
+        rej = CounterMetricFamily("goodlens_ingest_rejected_batches", "Batches refused, "
+                                  "by reason", labels=["reason"])
+        for reason in (*REJECT_REASONS, *sorted(set(st.rejected) - set(REJECT_REASONS))):
+            n = st.rejected.get(reason, 0) + (st.batches_failed if reason == "write_error"
+                                              else 0)
+            rej.add_metric([reason], n)
+        by_src = CounterMetricFamily(
+            "goodlens_ingest_rejected_source_batches", "Batches refused, by the source "
+            "the sender named (X-Goodlens-Source: its run and rank; at most 256 sources, "
+            "then other) and reason", labels=["source", "reason"])
+        for (src, reason), n in sorted(st.rejected_by_source.items()):
+            by_src.add_metric([src, reason], n)
+        batches = CounterMetricFamily("goodlens_ingest_batches", "Batches committed")
+        batches.add_metric([], st.batches_committed)
+        dropped = CounterMetricFamily("goodlens_exporter_dropped_rows", "Rows exporters "
+                                      "reported dropping (buffer or spill full), summed over "
+                                      "their latest reports")
+        dropped.add_metric([], float(sum(st.exporter_dropped.values())))
+        depth = GaugeMetricFamily("goodlens_writer_queue_rows", "Rows waiting to be written")
+        depth.add_metric([], st.queued_rows)
+        cum, buckets = 0, []
+        for ub, n in zip(LATENCY_BUCKETS, st.commit_buckets):
+            cum += n
+            buckets.append((repr(ub), cum))
+        buckets.append(("+Inf", st.commits))
+        lat = HistogramMetricFamily("goodlens_writer_commit_seconds", "Time to write and "
+                                    "commit one group of batches", buckets=buckets,
+                                    sum_value=st.commit_seconds_sum)
+        summ = CounterMetricFamily("goodlens_writer_summarize_seconds", "Time spent "
+                                   "summarising steps")
+        summ.add_metric([], st.summaries_seconds_sum)
+    yield from (rows, dup, rej, by_src, batches, dropped, depth, lat, summ)
+
+
+def _f(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def make_registry(store: RunReader, writer: Writer | None = None, detection: Any = None,
+                  keeper: ReportKeeper | None = None) -> CollectorRegistry:
+    """A fresh registry holding the goodlens collector (and nothing process-global).
+
+    ``keeper``: the collector's report keeper (fed by its summariser). Without one (a test,
+    a tool over a store), a detached keeper exporting every run is brought up to date at
+    each scrape."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GoodlensCollector(store, writer, detection=detection))
+    detached = keeper is None
+    if keeper is None:
+        keeper = ReportKeeper(store, KeeperConfig(retention_s=math.inf), persist=False)
+    registry.register(GoodlensCollector(keeper, writer, detection, detached=detached))
     return registry

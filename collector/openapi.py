@@ -137,16 +137,47 @@ def _query(name: str, description: str) -> dict[str, Any]:
             "schema": {"type": "string"}}
 
 
+def _tables() -> dict[str, Any]:
+    """``GET /v1/tables/{name}?run=ID``: one table of a run as an Arrow IPC stream."""
+    op = _get("One table of a run as an Arrow IPC stream (what --url of goodlens detect, "
+              "plan and export read)", {}, [
+                  {"name": "name", "in": "path", "required": True,
+                   "schema": {"type": "string", "enum": ["runs", "steps", "events",
+                                                         "attempts"]}},
+                  {**_query("run", "run id"), "required": True}],
+              {"404": _answer("no such run or table"), "422": _answer("no run given")})
+    op["get"]["responses"]["200"] = {"description": "the table (columns of docs/data-model.md)",
+                                     "content": {ARROW: {"schema": {"type": "string",
+                                                                    "format": "binary"}}}}
+    return op
+
+
 def openapi_document(version: str) -> dict[str, Any]:
     """The OpenAPI 3.0 document of the collector's own endpoints."""
     obj = {"type": "object"}
-    runs = {"type": "object", "required": ["runs"],
-            "properties": {"runs": {"type": "array", "items": obj}}}
+    runs = {"type": "object", "required": ["runs", "total", "offset", "limit"],
+            "properties": {"runs": {"type": "array", "items": obj},
+                           "total": {"type": "integer"}, "offset": {"type": "integer"},
+                           "limit": {"type": "integer"}, "sort": {"type": "string"},
+                           "order": {"type": "string"},
+                           "next_offset": {"type": "integer", "nullable": True}}}
+    runs_params = [
+        {**_query("limit", "runs per page, 0-10000 (default 1000)"),
+         "schema": {"type": "string"}},
+        _query("offset", "runs skipped (default 0)"),
+        _query("sort", "start, goodput, duration, state, name, run, steps or last_activity "
+                       "(default start)"),
+        _query("order", "asc or desc (default desc)"),
+        _query("state", "only runs in this state (running, completed, failed, ...)"),
+        _query("q", "only runs whose id or name contains this text (any case)")]
     report_params = [_query("run", "run id (default: the most recently started run)"),
                      _query("since", "window start: epoch s, ISO time, +2h, -30m"),
                      _query("until", "window end, same forms"),
                      _query("exclude", "comma-separated labels or parts taken out"),
-                     _query("as_of", "report the run as known at this instant")]
+                     _query("as_of", "report the run as known at this instant"),
+                     _query("fresh", "1: compute the report now (default: an ended run's "
+                                     "stored report, a live run's kept one if recent; "
+                                     "computed_at says when)")]
     text = {"description": "Prometheus text exposition",
             "content": {"text/plain": {"schema": {"type": "string"}}}}
     health = {"type": "object", "required": ["status", "version", "schema_version"],
@@ -160,7 +191,9 @@ def openapi_document(version: str) -> dict[str, Any]:
                  "description": "Ingest and read API of `goodlens serve` (docs/ingest-api.md)."},
         "paths": {
             "/v1/ingest": _ingest(),
-            "/v1/runs": _get("Every run (as goodlens runs --json)", runs),
+            "/v1/runs": _get("A page of the runs list, sorted and filtered (as goodlens "
+                             "runs --json)", runs, runs_params,
+                             {"422": _answer("a paging, sort or filter parameter is wrong")}),
             "/v1/runs/{run_id}": _get(
                 "One run and its attempts", {"type": "object", "required": ["run", "attempts"],
                                              "properties": {"run": obj, "attempts": {
@@ -173,6 +206,15 @@ def openapi_document(version: str) -> dict[str, Any]:
                                                "422": _answer("since/until/as_of unreadable")}),
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
                 "200": text, "421": _GUARDED["421"], "400": _GUARDED["400"]}}},
+            "/v1/tables/{name}": _tables(),
+            "/v1/actions": _get(
+                "A run's open evict findings, one node each (what a job's eviction client "
+                "polls; it decides with its own guard rails)",
+                {"type": "object", "required": ["run", "detection", "evict"],
+                 "properties": {"run": {"type": "string"}, "detection": {"type": "boolean"},
+                                "evict": {"type": "array", "items": obj}}},
+                [{**_query("run", "run id"), "required": True}],
+                {"422": _answer("no run given")}),
             "/healthz": _get("Liveness: status, version, queue depth", health, secured=False),
         },
         "components": {

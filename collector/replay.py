@@ -102,6 +102,50 @@ def export_run(store: RunReader, run_ids: list[str], path: str | Path) -> Path:
     return write_trace(path, {k: pa.concat_tables(v) for k, v in tables.items()}, run_ids)
 
 
+class Retime:
+    """How a live replay stamps a trace's instants: trace time ``t`` becomes ``base + (t -
+    t0) * scale``, every duration of a step row times ``scale``. The identity by default
+    (the trace's own times)."""
+
+    #: The step row columns that are durations (scaled with the instants).
+    DURATIONS = ("duration_s", "compute_s", "collective_wait_s", "data_wait_s")
+
+    def __init__(self, t0: float = 0.0, base: float = 0.0, scale: float = 1.0) -> None:
+        self.t0, self.base, self.scale = t0, base, scale
+        self.identity = base == t0 and scale == 1.0
+
+    @classmethod
+    def as_now(cls, t0: float, t_end: float, speed: float, now: float) -> Retime:
+        """``--as-now``: a row available at trace time ``t`` is sent ``(t - t0) / speed``
+        after ``now``, so it is stamped exactly then, ``now + (t - t0) / speed`` (the trace
+        compressed ``speed`` times, starting now: never stamped after it is sent); at speed 0
+        (everything at once) every instant moves by one amount so that the trace ends now."""
+        if speed > 0:
+            return cls(t0, now, 1.0 / speed)
+        return cls(t0, now - (t_end - t0), 1.0)
+
+    def at(self, t: float) -> float:
+        """The stamp of trace instant ``t``."""
+        return self.base + (t - self.t0) * self.scale
+
+    def steps(self, cols: dict[str, list]) -> dict[str, list]:
+        """Step rows (columns as lists) re-timed, in place."""
+        if self.identity:
+            return cols
+        cols["start_time"] = [self.at(t) for t in cols["start_time"]]
+        if self.scale != 1.0:
+            for name in self.DURATIONS:
+                if name in cols:
+                    cols[name] = [None if v is None else v * self.scale for v in cols[name]]
+        return cols
+
+    def events(self, cols: dict[str, list]) -> dict[str, list]:
+        """Events (columns as lists) re-timed, in place."""
+        if not self.identity:
+            cols["time"] = [self.at(t) for t in cols["time"]]
+        return cols
+
+
 def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | None = None,
                  batch_rows: int = 50_000, tick_s: float = 0.1,
                  progress: Callable[[int], None] | None = None,
@@ -112,8 +156,8 @@ def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | No
 
     A step row is sent once its step has ended in trace time, an event once it happened, so
     a collector (and a dashboard) sees the run unfold. Timestamps are kept as recorded, or
-    with ``as_now`` shifted so the trace starts now (every instant moved by the same amount:
-    accounting is unchanged, and a run still going reads as live rather than as months old).
+    with ``as_now`` re-timed so the run happens now and no row is stamped after the instant
+    it is sent (:class:`Retime`: a run still going reads as live rather than as months old).
     Batches travel as Arrow IPC; the collector's answer for each is checked, and a refused
     batch stops the replay with its reason, and so does a collector unreachable for
     ``give_up_s``.
@@ -141,12 +185,13 @@ def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | No
             items.append((batch.events.column("time").to_numpy(), batch))
         else:
             items.append((np.array([-np.inf]), batch))
-    starts = [a[np.isfinite(a)].min() for a, _ in items if np.isfinite(a).any()]
-    t0 = min(starts) if starts else 0.0
+    finite = [a[np.isfinite(a)] for a, _ in items if np.isfinite(a).any()]
+    t0 = min(a.min() for a in finite) if finite else 0.0
+    t_end = max(a.max() for a in finite) if finite else 0.0
     order = [(np.argsort(a, kind="stable"), a, b) for a, b in items]
-    shift = (time.time() - t0) if as_now else 0.0
     cursor = [0] * len(order)
     sent = {"steps": 0, "events": 0, "batches": 0}
+    retime = Retime.as_now(t0, t_end, speed, time.time()) if as_now else Retime()
     wall0 = time.monotonic()
     while any(c < len(o[0]) for c, o in zip(cursor, order)):
         now = t0 + (time.monotonic() - wall0) * speed if speed else np.inf
@@ -163,16 +208,11 @@ def stream_trace(path: str | Path, url: str, speed: float = 1.0, token: str | No
                     doc["run"] = {k: v for k, v in batch.run.items() if v is not None}
                 rows = 0
                 if batch.steps is not None:
-                    doc["steps"] = batch.steps.take(take).to_pydict()
-                    if shift:
-                        doc["steps"]["start_time"] = [t + shift for t in
-                                                      doc["steps"]["start_time"]]
+                    doc["steps"] = retime.steps(batch.steps.take(take).to_pydict())
                     rows = sent_rows = len(take)
                     sent["steps"] += sent_rows
                 if batch.events is not None:
-                    ev = batch.events.take(take).to_pydict()
-                    if shift:
-                        ev["time"] = [t + shift for t in ev["time"]]
+                    ev = retime.events(batch.events.take(take).to_pydict())
                     doc["events"] = {k: v for k, v in ev.items() if any(x is not None for x in v)}
                     rows = len(take)
                     sent["events"] += rows

@@ -17,6 +17,8 @@ Endpoints:
 - ``GET /openapi.json``: this API as an OpenAPI document (:mod:`goodlens.collector.openapi`).
 - ``GET /v1/runs``, ``GET /v1/runs/{run_id}``: the runs overview as JSON.
 - ``GET /v1/report?run=ID&since=T&until=T``: the time accounting (as ``goodlens report``).
+- ``GET /v1/tables/{name}?run=ID``: one table of a run as Arrow IPC (``--url`` of
+  ``detect``, ``plan``, ``export``; :mod:`goodlens.collector.tables`).
 - ``/`` and everything else: whatever ASGI app the caller mounts there (``goodlens serve``
   mounts the dashboard; the collector itself never imports it).
 """
@@ -43,9 +45,12 @@ from starlette.routing import Mount, Route
 
 from goodlens import __version__
 from goodlens.analysis.report import report_dict
+from goodlens.collector.actions import actions_route
 from goodlens.collector.metrics import make_registry
 from goodlens.collector.openapi import openapi_document
+from goodlens.collector.reports import KeeperConfig, ReportKeeper
 from goodlens.collector.serving import Limits, RequestGuard, serve_until_exit, uvicorn_config
+from goodlens.collector.tables import tables_route
 from goodlens.exporter.transport import is_loopback
 from goodlens.model.batch import BatchError
 from goodlens.model.batch import Limits as PushLimits
@@ -53,6 +58,7 @@ from goodlens.model.batch_arrow import DECODERS
 from goodlens.model.jsonable import plain, records
 from goodlens.model.schema import SCHEMA_VERSION
 from goodlens.storage.parquet import open_store
+from goodlens.storage.reports import SORT_KEYS
 from goodlens.storage.store import Store
 from goodlens.storage.writer import Overloaded, Writer
 
@@ -97,6 +103,8 @@ class ServerConfig:
     """URL that receives each straggler finding once, as a JSON POST (a launcher evicts)."""
     hang_floor_s: float = 60.0
     """Shortest hang timeout (the adaptive timeout is 3x the longest step interval seen)."""
+    metrics_retention_s: float = 3600.0
+    """/metrics exports runs live or active within this long (history stays on /v1)."""
     allow_hosts: tuple[str, ...] = ()
     """``Host`` names a token-less collector answers to besides loopback ones and the bound
     address (``*``: any; a token makes the check unnecessary)."""
@@ -119,6 +127,8 @@ class ServerConfig:
             raise ValueError("max_body_bytes must be positive")
         if self.summarize_interval_s <= 0:
             raise ValueError("the summarize interval must be positive")
+        if not self.metrics_retention_s >= 0:
+            raise ValueError("the metrics retention must not be negative")
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} exposes ingest beyond this machine; set "
                              "a token (GOODLENS_TOKEN or --token-file) so only your exporters "
@@ -139,11 +149,13 @@ class CollectorApi:
     (the token, the metrics registry, when it started), each endpoint is a method."""
 
     def __init__(self, store: Store, writer: Writer, config: ServerConfig,
-                 detection: Any = None) -> None:
+                 detection: Any = None, keeper: ReportKeeper | None = None) -> None:
         self.store = store
         self.writer = writer
         self.config = config
-        self.registry = make_registry(store, writer, detection)
+        self.keeper = keeper
+        self.registry = make_registry(store, writer, detection, keeper)
+        self.detection = detection  # GET /v1/actions reads its findings
         self.token = config.token.encode() if config.token else None
         self.started = time.time()
 
@@ -158,6 +170,8 @@ class CollectorApi:
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
+            actions_route(self),  # GET /v1/actions: evict findings a job may act on
+            tables_route(self),  # GET /v1/tables/{name}?run=: a run's rows as Arrow
         ]
 
     def auth_error(self, request: Request) -> Response | None:
@@ -255,11 +269,19 @@ class CollectorApi:
         return _json(openapi_document(__version__))
 
     async def runs(self, request: Request) -> Response:
-        """``GET /v1/runs``: every run, as ``goodlens runs --json``."""
+        """``GET /v1/runs?limit=&offset=&sort=&order=&state=&q=``: a page of the runs list
+        (``goodlens runs --json``), sorted and filtered on the server, with ``total``."""
         if (err := self.auth_error(request)) is not None:
             return err
-        df = await run_in_threadpool(self.store.runs)
-        return _json({"runs": records(df)})
+        page = _page_params(request.query_params)
+        if isinstance(page, Response):
+            return page
+        df, total = await run_in_threadpool(lambda: self.store.runs_page(**page))
+        offset, limit = page["offset"], page["limit"]
+        more = offset + len(df) < total
+        return _json({"runs": records(df), "total": total, "offset": offset, "limit": limit,
+                      "sort": page["sort"], "order": "desc" if page["descending"] else "asc",
+                      "next_offset": offset + len(df) if more else None})
 
     async def run(self, request: Request) -> Response:
         """``GET /v1/runs/{run_id}``: one run and its attempts."""
@@ -283,6 +305,14 @@ class CollectorApi:
         q = request.query_params
 
         def build() -> dict:  # an empty parameter (?since=) is an absent one
+            run, whole = q.get("run") or None, not any(
+                q.get(k) for k in ("since", "until", "exclude", "as_of"))
+            if run is not None and whole and q.get("fresh") not in ("1", "true"):
+                kept = self.store.stored_report(run)  # an ended run: computed once
+                if kept is None and self.keeper is not None:
+                    kept = self.keeper.live_report(run, LIVE_REPORT_MAX_AGE_S)
+                if kept is not None:
+                    return kept
             return report_dict(self.store, q.get("run") or None, q.get("since") or None,
                                q.get("until") or None, hang_floor_s=self.config.hang_floor_s,
                                exclude=(q.get("exclude") or "").split(","),
@@ -308,11 +338,12 @@ class CollectorApi:
 
 
 def create_app(store: Store, writer: Writer, config: ServerConfig,
-               detection: Any = None, root: Any = None) -> RequestGuard:
+               detection: Any = None, root: Any = None,
+               keeper: ReportKeeper | None = None) -> RequestGuard:
     """The collector's ASGI app over an open store and a started writer; ``root``, an ASGI
     app, is mounted at ``/`` after the collector's own routes. Behind the Host allow-list
     (token-less) and the body deadline of :class:`~goodlens.collector.serving.RequestGuard`."""
-    routes: list[Any] = CollectorApi(store, writer, config, detection).routes()
+    routes: list[Any] = CollectorApi(store, writer, config, detection, keeper).routes()
     if root is not None:
         routes.append(Mount("/", app=root))
     app = Starlette(routes=routes, exception_handlers={404: _http_error, 405: _http_error})
@@ -324,6 +355,39 @@ async def _http_error(request: Request, exc: Any) -> Response:
     """404/405 as JSON, like every other answer of the API (see /openapi.json)."""
     return _json({"error": f"{exc.detail}: {request.method} {request.url.path}; the API is "
                   "described at /openapi.json", "field": None}, exc.status_code, exc.headers)
+
+
+#: A live run's report the keeper computed at most this long ago (longer for a run whose
+#: accounting is slow: the keeper's pacing) is served as it is (it says when, in
+#: ``computed_at``); ``?fresh=1`` computes one now.
+LIVE_REPORT_MAX_AGE_S = 5.0
+#: Runs per page of ``/v1/runs`` by default, and at most.
+RUNS_PAGE, RUNS_PAGE_MAX = 1000, 10_000
+
+
+def _page_params(q: Any) -> dict[str, Any] | Response:
+    """``/v1/runs``'s paging, sort and filters, checked (422 naming the parameter)."""
+    def bad(name: str, why: str) -> Response:
+        return _json({"error": f"{name}: {why}", "field": name}, 422)
+    out: dict[str, Any] = {}
+    for name, default, hi in (("limit", RUNS_PAGE, RUNS_PAGE_MAX), ("offset", 0, 2**62)):
+        raw = q.get(name) or None
+        if raw is not None and not (raw.isdigit() and int(raw) <= hi):
+            return bad(name, f"a whole number from 0 to {hi}, got {raw[:40]!r}")
+        out[name] = default if raw is None else int(raw)
+    sort = q.get("sort") or "start"
+    if sort not in SORT_KEYS:
+        return bad("sort", f"one of {', '.join(SORT_KEYS)}, got {sort[:40]!r}")
+    order = q.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        return bad("order", f"asc or desc, got {order[:40]!r}")
+    state, text = q.get("state") or None, q.get("q") or None
+    if state is not None and len(state) > 64:
+        return bad("state", "at most 64 characters")
+    if text is not None and len(text) > 200:
+        return bad("q", "at most 200 characters")
+    out.update(sort=sort, descending=order == "desc", state=state, text=text)
+    return out
 
 
 def _limits(config: ServerConfig) -> PushLimits:
@@ -370,8 +434,11 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit)
     store = open_store(config.db, memory_limit=config.memory_limit, init=config.init)
+    keeper = ReportKeeper(store, KeeperConfig(retention_s=config.metrics_retention_s,
+                                              hang_floor_s=config.hang_floor_s))
     writer = Writer(store, max_queue_rows=config.max_queue_rows,
-                    summarize_interval_s=config.summarize_interval_s).start()
+                    summarize_interval_s=config.summarize_interval_s,
+                    after_pass=keeper.after_pass).start()
     detection = None
     if config.detect:
         from goodlens.collector.detection import DetectionService
@@ -380,7 +447,7 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
                                      hang_config=HangConfig(min_timeout_s=config.hang_floor_s)
                                      ).start()
     app = create_app(store, writer, config, detection,
-                     None if root is None else root(store))
+                     None if root is None else root(store), keeper)
     uconfig = uvicorn_config(app, config.host, config.port, config.limits,
                              log_level=log_level, timeout_graceful_shutdown=10)
     server = uvicorn.Server(uconfig)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from goodlens.analysis.runsim.montecarlo import daly_interval_s, young_interval_s
+from goodlens.model.elastic import choose_batch
 from goodlens.model.units import require_number
 
 DAY = 86400.0
@@ -235,17 +236,6 @@ class ElasticPlan:
     recommendation: str
 
 
-def _batch_options(b: int, dp: int, mmax: int) -> tuple[int, int] | None:
-    """(micro, accumulation) with dp x micro x accumulation == b, largest micro <= mmax."""
-    if b % dp:
-        return None
-    per = b // dp
-    for m in range(min(mmax, per), 0, -1):
-        if per % m == 0:
-            return m, per // m
-    return None
-
-
 def elastic_plan(nodes: int, lost: int, micro_batch: int, global_batch: int, *,
                  gpus_per_node: int = 8, model_parallel: int = 1,
                  max_micro_per_rank: int | None = None, restart_s: float = 900.0,
@@ -290,29 +280,9 @@ def elastic_plan(nodes: int, lost: int, micro_batch: int, global_batch: int, *,
     if dp1 < 1:
         raise ValueError(f"{fn}: lost must leave room for one model replica "
                          f"({nodes - lost} nodes x {gpus_per_node} < {model_parallel} ranks)")
-    # closest batch on all dp1 replicas (micro <= mmax, accumulation >= 1), for the report
-    closest_batch = min((dp1 * mi * max(1, round(global_batch / (dp1 * mi)))
-                         for mi in range(1, mmax + 1)), key=lambda b: (abs(b - global_batch), -b))
-    opt = _batch_options(global_batch, dp1, mmax)
-    if opt is not None:
-        dp_used, (m, acc) = dp1, opt
-        exact = True
-        reason = ("same micro-batch" if m == micro_batch else
-                  f"changed micro-batch: {global_batch // dp1} samples per replica is not a "
-                  f"multiple of {micro_batch}; largest divisor <= {mmax} used")
-    elif allow_inexact:
-        dp_used, m = dp1, next(mi for mi in range(mmax, 0, -1) if closest_batch % (dp1 * mi) == 0)
-        acc = closest_batch // (dp1 * m)
-        exact = False
-        reason = (f"indivisible: {global_batch} is not a multiple of {dp1} replicas; "
-                  f"closest achievable batch {dp1 * m * acc} with micro-batch {m}")
-    else:
-        dp_used = next(d for d in range(dp1, 0, -1) if global_batch % d == 0)
-        m, acc = _batch_options(global_batch, dp_used, mmax)  # type: ignore[misc]
-        exact = True
-        reason = (f"idle replicas: {global_batch} is not a multiple of {dp1} replicas; "
-                  f"{dp1 - dp_used} left idle to keep it exact (closest on all: "
-                  f"{closest_batch})")
+    choice = choose_batch(global_batch, dp1, micro_batch, mmax, allow_inexact)
+    dp_used, m, acc = choice.replicas_used, choice.micro_batch, choice.accumulation
+    exact, reason, closest_batch = choice.exact, choice.reason, choice.closest_batch
     b1 = dp_used * m * acc
     frac = dp_used / dp0
     step_factor = (b1 / global_batch) / frac

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from goodlens.analysis.accounting import account_run, as_known_at
+from goodlens.analysis.worlds import attempt_worlds
 from goodlens.model.jsonable import is_missing
 from goodlens.storage.reader import RunReader
 
@@ -57,6 +58,11 @@ def report_dict(source: RunReader, run_id: str | None = None, since: str | float
                        if lo is None and hi is None]
     rep["partial_steps"] = {**acc.failures, "note": _PARTIAL_NOTE} if acc.failures[
         "estimated"] else dict(acc.failures)
+    rep["worlds"] = attempt_worlds(steps)  # per attempt: world, samples per optimizer step
+    if lo is not None or hi is not None:  # the window asked for, and whether it meets the run
+        rep["window"] = {"since": lo, "until": hi, "run_start": acc.start, "run_end": acc.end,
+                         "overlaps_run": bool((lo is None or lo < acc.end)
+                                              and (hi is None or hi > acc.start))}
     if t is not None:
         rep["as_of"] = t
     if rep["in_progress"]:

@@ -22,6 +22,9 @@ def main() -> None:
 
     Start a collector with `goodlens serve`, point exporters at it, and ask
     `goodlens runs` what it holds.
+
+    Exit codes: 0 done; 1 it failed (the message says why and what to do); 2 a usage error,
+    including a --db that is missing or not a goodlens store.
     """
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from goodlens.cli.common import echo_json, overrides, table
+from goodlens.cli.common import echo_json, overrides, table, user_message
 from goodlens.model.units import format_duration
 
 _SETTABLE = ("nodes", "gpus_per_node", "nodes_per_rack", "racks_per_pod", "duration_s",
@@ -30,7 +30,7 @@ def _config(preset: str, sets: tuple[str, ...]) -> Any:
     try:
         return replace(cfg, **kw)
     except (TypeError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--set") from None
+        raise click.BadParameter(user_message(str(exc)), param_hint="--set") from None
 
 
 def _policy(spec: str, hint: str) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,17 @@ LOG_LEVELS = click.Choice(["critical", "error", "warning", "info", "debug"])
 
 
 class Duration(click.ParamType):
-    """A click parameter accepting ``90s``, ``5m``, ``24h``; yields seconds."""
+    """A click parameter accepting ``90s``, ``5m``, ``24h``; yields seconds (``allow_all``:
+    also ``all``, infinite)."""
 
     name = "duration"
 
+    def __init__(self, allow_all: bool = False) -> None:
+        self.allow_all = allow_all
+
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if self.allow_all and str(value).strip().lower() == "all":
+            return float("inf")
         try:
             return parse_duration(value)
         except ValueError as exc:
@@ -97,13 +104,15 @@ class StoreSpec(click.ParamType):
             self.fail(f"{path} is a directory; for a Parquet dataset pass parquet:{path}",
                       param, ctx)
         if self.exists and not path.exists():
-            self.fail(f"{path} does not exist", param, ctx)
+            self.fail(f"no goodlens store at {path}; check the path (`goodlens import TRACE "
+                      f"--db {path}` creates one)", param, ctx)
         return str(path)
 
 
 class StoreError(click.ClickException):
-    """A ``--db`` that is not a goodlens store (not a DuckDB file, another application's
-    database): one line, exit code 2 (the argument is wrong, as with a usage error)."""
+    """A ``--db`` that does not exist (for a command that reads it) or is not a goodlens
+    store (not a DuckDB file, another application's database): one line, exit code 2 (the
+    argument is wrong, as with a usage error)."""
 
     exit_code = 2
 
@@ -118,7 +127,10 @@ def open_store(db: str, read_only: bool = True, init: bool = False) -> Any:
         return open_any(db, read_only=read_only, init=init)
     except NotAStore as exc:
         raise StoreError(str(exc)) from None
-    except (FileNotFoundError, RuntimeError, SchemaMismatch) as exc:
+    except FileNotFoundError as exc:  # a wrong path is a wrong argument: exit code 2
+        raise StoreError(f"{exc}; check the path (`goodlens runs --db PATH` lists a store's "
+                         "runs; `goodlens import TRACE --db PATH` creates one)") from None
+    except (RuntimeError, SchemaMismatch) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -154,10 +166,54 @@ def read_token(token: str | None, token_file: str | None) -> str | None:
     return text[0].strip()
 
 
-def get_json(url: str, token: str | None, body: Any = None) -> Any:
-    """GET ``url`` (POST ``body`` as JSON when given) from a collector; the JSON answer."""
+class CollectorUrl(click.ParamType):
+    """``--url``: a collector's base URL; ``host:port`` means ``http://host:port``."""
+
+    name = "URL"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip()
+        if not text:
+            self.fail("an empty URL: give the collector's address, e.g. 127.0.0.1:8470",
+                      param, ctx)
+        return collector_url(text)
+
+
+def collector_url(text: str) -> str:
+    """A collector's base URL without a trailing slash; ``http://`` when it names no scheme."""
+    text = text.strip()
+    return (text if "://" in text else f"http://{text}").rstrip("/")
+
+
+class CollectorError(click.ClickException):
+    """A collector answered with an error (``status``) or could not be reached (0, with
+    the ``reason``)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def _error_text(raw: bytes) -> str:
+    """What a collector's error answer says: its JSON ``error`` text, else the body's text."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        return doc["error"]
+    text = raw.decode("utf-8", "replace").strip()
+    return " ".join(text.split())[:300] or "(an empty answer)"
+
+
+def get_bytes(url: str, token: str | None, body: Any = None, timeout_s: float = 30.0) -> bytes:
+    """GET ``url`` (POST ``body`` as JSON when given) from a collector; the answer's bytes.
+    ``host:port/...`` is taken as ``http://``; an error answer raises :class:`CollectorError`
+    with the collector's own message."""
     import urllib.error
     import urllib.request
+    url = collector_url(url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     data = None
     if body is not None:
@@ -165,13 +221,49 @@ def get_json(url: str, token: str | None, body: Any = None) -> Any:
         headers["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.read()
     except urllib.error.HTTPError as exc:
-        raise click.ClickException(f"{url} answered {exc.code}: {exc.read()[:200]!r}") from None
-    except OSError as exc:
-        raise click.ClickException(f"cannot reach {url}: {exc}; is `goodlens serve` running?") \
-            from None
+        hint = ("; give the collector's token with --token-file or GOODLENS_TOKEN"
+                if exc.code in (401, 403) else "")
+        raise CollectorError(f"{url} answered {exc.code}: {_error_text(exc.read())}{hint}",
+                             exc.code) from None
+    except (OSError, ValueError) as exc:  # ValueError: a URL urllib cannot use
+        raise CollectorError(f"cannot reach {url}: {exc}; is `goodlens serve` running?",
+                             reason=str(exc)) from None
+
+
+def get_json(url: str, token: str | None, body: Any = None) -> Any:
+    """GET ``url`` (POST ``body`` as JSON when given) from a collector; the JSON answer."""
+    raw = get_bytes(url, token, body)
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise CollectorError(f"{collector_url(url)} did not answer JSON ({_error_text(raw)}); "
+                             "is it a goodlens collector?") from None
+
+
+def wait_healthy(url: str, within_s: float = 5.0) -> None:
+    """Return once the collector at ``url`` answers ``/healthz``; retried for ``within_s``
+    seconds, then a :class:`CollectorError` saying what to do."""
+    import time
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            doc = get_json(collector_url(url) + "/healthz", None)
+        except CollectorError as exc:
+            if exc.status == 0 and time.monotonic() < deadline:
+                time.sleep(0.25)
+                continue
+            why = exc.reason or exc.message
+            raise CollectorError(f"no goodlens collector answers at {collector_url(url)} "
+                                 f"({why}; tried /healthz for {within_s:g} s): start one with "
+                                 "`goodlens serve --db PATH`, or check the URL",
+                                 exc.status) from None
+        if isinstance(doc, dict) and doc.get("status") == "ok":
+            return
+        raise CollectorError(f"{collector_url(url)}/healthz answered {doc!r:.100}: not a "
+                             "goodlens collector; check the URL")
 
 
 def import_trace_file(store: Any, path: str, quiet: bool) -> dict[str, int]:
@@ -207,6 +299,19 @@ def import_into(db: str, trace: str, quiet: bool, init: bool = False) -> dict[st
         raise
     store.close()
     return totals
+
+
+_INTERNAL_PREFIX = re.compile(r"^(?:[a-z_]+: |[A-Z][A-Za-z]+\.)")
+
+
+def user_message(text: str, options: dict[str, str] | None = None) -> str:
+    """A library's ValueError as the user gave the input: without the function or class it
+    names (``interval_plan: ``, ``SimConfig.``), and each input name in ``options``
+    replaced by the option that sets it (``mtbf_s`` -> ``--mtbf``)."""
+    text = _INTERNAL_PREFIX.sub("", text)
+    for name in sorted(options or {}, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w-]){re.escape(name)}\b", (options or {})[name], text)
+    return text
 
 
 def overrides(pairs: tuple[str, ...], config_type: Any = None,

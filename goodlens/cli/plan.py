@@ -4,11 +4,20 @@ choices, from first principles or from a stored run's own measurements.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from goodlens.cli.common import Duration, StoreSpec, echo_json, read_run, table
+from goodlens.cli.common import (
+    CollectorUrl,
+    Duration,
+    StoreSpec,
+    echo_json,
+    read_token,
+    table,
+    token_options,
+    user_message,
+)
 from goodlens.model.jsonable import plain
 from goodlens.model.units import format_duration, parse_bytes
 
@@ -21,8 +30,22 @@ def _bytes_per_s(text: str) -> float:
         raise click.BadParameter(str(exc)) from None
 
 
-def _fail(exc: ValueError) -> None:
-    raise click.UsageError(str(exc)) from None
+#: The planners' input names as the options of `goodlens plan` that set them.
+_OPTIONS = {
+    "checkpoint_cost_s": "--checkpoint-cost", "durable_stall_s": "--checkpoint-cost",
+    "mtbf_s": "--mtbf", "restart_cost_s": "--restart-cost", "memory_stall_s": "--memory-stall",
+    "memory_survivable": "--memory-survives", "params": "--params", "gpus": "--gpus",
+    "writer_ranks": "--writers", "writer_bw": "--writer-bw", "storage_bw": "--storage-bw",
+    "retained": "--retained", "price_per_gpu_hour": "--price", "interval_s": "--interval",
+    "optimizer": "--optimizer", "nodes": "--nodes", "lost": "--lost",
+    "micro_batch": "--micro-batch", "global_batch": "--global-batch",
+    "max_micro_per_rank": "--max-micro", "gpus_per_node": "--gpus-per-node",
+    "repair_s": "--repair", "horizon_s": "--repair", "node_mtbf_s": "--node-mtbf",
+    "swap_s": "--swap"}
+
+
+def _fail(exc: ValueError) -> NoReturn:
+    raise click.UsageError(user_message(str(exc), _OPTIONS)) from None
 
 
 def _out(obj: Any, as_json: bool, text: str) -> None:
@@ -35,21 +58,28 @@ def _out(obj: Any, as_json: bool, text: str) -> None:
 @click.group(invoke_without_command=True)
 @click.option("--db", "--store", "db", type=StoreSpec(exists=True),
               help="Measured mode: a store file (no collector may hold it).")
+@click.option("--url", type=CollectorUrl(),
+              help="Measured mode: a running collector to read the run from instead.")
+@token_options("token for --url")
 @click.option("--run", "run_id", help="Measured mode: the run to measure.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 @click.pass_context
-def plan(ctx: click.Context, db: str | None, run_id: str | None, as_json: bool) -> None:
-    """Plan checkpoints, intervals, elastic and spare policies; with --db and --run, from the
-    run's own costs: "checkpointing every 23 min instead of 60 would have recovered ..."."""
+def plan(ctx: click.Context, db: str | None, url: str | None, token: str | None,
+         token_file: str | None, run_id: str | None, as_json: bool) -> None:
+    """Plan checkpoints, intervals, elastic and spare policies; with --run and --db (or
+    --url), from the run's own costs: "checkpointing every 23 min instead of 60 would have
+    recovered ..."."""
     if ctx.invoked_subcommand is not None:
         return
-    if not (db and run_id):
+    if not (db or url or run_id):
         click.echo(ctx.get_help())
-        if db or run_id:
-            raise click.UsageError("measured mode needs both --db PATH and --run ID")
         return
+    if not ((db or url) and run_id):
+        raise click.UsageError("measured mode needs both --run ID and --db PATH (or --url URL)")
     from goodlens.analysis.measured import measure_run
-    m = read_run(db, run_id, measure_run)
+    from goodlens.cli.remote import one_source, read_run_at
+    one_source(db, url)
+    m = read_run_at(db, url, read_token(token, token_file), run_id, measure_run)
     d = m.as_dict()
     d["summary"] = m.sentence()
     def fmt(v: float | None) -> str:
@@ -143,10 +173,19 @@ def plan_checkpoint(params: float, optimizer: str, gpus: int, writers: int | Non
              f"{format_duration(c.background_write_s)}",
              f"GPU-hours per checkpoint: sync {c.gpu_hours_per_checkpoint['sync']:.1f}, async "
              f"{c.gpu_hours_per_checkpoint['async']:.2f}"]
+    if c.money_per_checkpoint is not None:
+        lines.append(f"cost per checkpoint at {price:g} per GPU-hour: sync "
+                     f"{c.money_per_checkpoint['sync']:,.2f}, async "
+                     f"{c.money_per_checkpoint['async']:,.2f}, peer copy "
+                     f"{c.money_per_checkpoint['peer']:,.2f}")
     if interval:
         lines.append(f"per day at every {format_duration(interval)}: "
                      f"{c.checkpoints_per_day:.0f} checkpoints, sustained "
                      f"{c.sustained_bw / 1e9:.2f} GB/s")
+        if c.money_per_day is not None:
+            lines.append(f"cost per day: sync {c.money_per_day['sync']:,.2f}, async "
+                         f"{c.money_per_day['async']:,.2f}, peer copy "
+                         f"{c.money_per_day['peer']:,.2f}")
     _out(c, as_json, "\n".join(lines))
 
 

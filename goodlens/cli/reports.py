@@ -10,11 +10,11 @@ from typing import Any
 import click
 
 from goodlens.cli.common import (
+    CollectorUrl,
     StoreSpec,
     echo_json,
     get_json,
     open_store,
-    read_run,
     read_token,
     table,
     token_options,
@@ -22,9 +22,11 @@ from goodlens.cli.common import (
 from goodlens.model.jsonable import plain, records
 from goodlens.model.units import format_duration, format_instant
 
-_RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
-                ("attempts", "attempts"), ("steps", "steps"), ("last_step", "last step"),
-                ("duration", "duration"), ("started", "started (UTC)")]
+_RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("goodput_pct", "goodput"),
+                ("world_size", "ranks"), ("attempts", "attempts"), ("steps", "steps"),
+                ("last_step", "last step"), ("duration", "duration"),
+                ("started", "started (UTC)")]
+_SORTS = ("start", "goodput", "duration", "state", "name", "run", "steps", "last_activity")
 
 
 @click.command()
@@ -32,29 +34,49 @@ _RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("world_size", "ranks"),
               help="Store file (no collector may hold it).")
 @click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
 @token_options("token for --url")
+@click.option("--sort", type=click.Choice(_SORTS), default="start", show_default=True,
+              help="Order of the list (goodput and duration: of the run's stored report).")
+@click.option("--asc", is_flag=True, help="Ascending order (default: descending).")
+@click.option("--state", help="Only runs in this state (running, completed, failed, ...).")
+@click.option("--filter", "text", help="Only runs whose id or name contains this text "
+                                       "(any case).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="Runs per page.")
+@click.option("--offset", type=click.IntRange(0), default=0, show_default=True,
+              help="Runs to skip (the next page starts at --offset + --limit).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def runs(db: str | None, url: str | None, token: str | None, token_file: str | None,
+         sort: str, asc: bool, state: str | None, text: str | None, limit: int, offset: int,
          as_json: bool) -> None:
-    """List the runs in a store: state, ranks, attempts, steps, duration."""
+    """List the runs in a store, a page at a time: state, goodput, ranks, attempts, steps,
+    duration. Sorted and filtered where the runs are (the collector, or the file), so a
+    store of 10,000 runs lists as fast as one of ten."""
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH or --url URL")
     token = read_token(token, token_file)
+    page = {"limit": limit, "offset": offset, "sort": sort, "order": "asc" if asc else "desc",
+            "state": state, "q": text}
     if url:
-        rows = get_json(url.rstrip("/") + "/v1/runs", token)["runs"]
+        from urllib.parse import urlencode
+        query = urlencode({k: v for k, v in page.items() if v is not None})
+        answer = get_json(url.rstrip("/") + "/v1/runs?" + query, token)
+        rows, total = answer["runs"], answer.get("total", len(answer["runs"]))
     else:
-        store = open_store(db)
-        try:
-            rows = records(store.runs())
-        finally:
-            store.close()
+        rows, total = _stored_runs(db, page)
     for r in rows:
         start, last = r.get("start"), r.get("last_time")
-        r["duration_s"] = (last - start) if start is not None and last is not None else None
+        r["duration_s"] = (r.get("wall_clock_s") or ((last - start) if start is not None
+                                                       and last is not None else None))
+    more = offset + len(rows) < total
     if as_json:
-        echo_json({"runs": [{k: plain(v) for k, v in r.items()} for r in rows]})
+        echo_json({"runs": [{k: plain(v) for k, v in r.items()} for r in rows],
+                   "total": total, "offset": offset,
+                   "next_offset": offset + len(rows) if more else None})
         return
     if not rows:
-        click.echo("no runs yet: point an exporter at the collector, or import a trace with "
+        click.echo("no runs match: see `goodlens runs --help` for the filters" if total or
+                   state or text or offset else
+                   "no runs yet: point an exporter at the collector, or import a trace with "
                    "`goodlens import TRACE --db PATH`")
         return
     import datetime as dt
@@ -62,7 +84,47 @@ def runs(db: str | None, url: str | None, token: str | None, token_file: str | N
         r["duration"] = format_duration(r["duration_s"]) if r["duration_s"] is not None else None
         r["started"] = (dt.datetime.fromtimestamp(r["start"], dt.UTC)
                         .strftime("%Y-%m-%d %H:%M:%S") if r.get("start") else None)
+        r["goodput_pct"] = f"{100 * r['goodput']:.1f}%" if r.get("goodput") is not None \
+            else None
     click.echo(table(rows, _RUN_COLUMNS))
+    if offset or more:
+        click.echo(f"runs {offset + 1}-{offset + len(rows)} of {total}" +
+                   (f"; next page: --offset {offset + len(rows)}" if more else ""))
+
+
+def _stored_runs(db: str, page: dict) -> tuple[list[dict], int]:
+    """A page of a store file's runs. A run no collector has accounted yet (an imported
+    trace) gets its goodput computed here: for the rows shown, or, sorting by goodput, for
+    every run that matches (with a progress bar), since the order depends on all of them."""
+    store = open_store(db)
+    try:
+        kw = {"sort": page["sort"], "descending": page["order"] == "desc",
+              "state": page["state"], "text": page["q"]}
+        df, total = store.runs_page(limit=page["limit"], offset=page["offset"], **kw)
+        rows = records(df)
+        if page["sort"] == "goodput" and any(r.get("goodput") is None for r in rows):
+            rows = _fill_goodput(store, records(store.runs_page(**kw)[0]))
+            rows.sort(key=lambda r: (r["goodput"] is None, r["run_id"]))
+            rows.sort(key=lambda r: r["goodput"] or 0.0, reverse=page["order"] == "desc")
+            rows.sort(key=lambda r: r["goodput"] is None)  # stable: unknown last
+            rows = rows[page["offset"]:page["offset"] + page["limit"]]
+        else:
+            rows = _fill_goodput(store, rows)
+    finally:
+        store.close()
+    return rows, total
+
+
+def _fill_goodput(store: object, rows: list[dict]) -> list[dict]:
+    """Account the runs of ``rows`` that have no stored goodput."""
+    from goodlens.analysis.accounting import account_run
+    todo = [r for r in rows if r.get("goodput") is None and r.get("start") is not None]
+    with click.progressbar(todo, label="accounting runs no collector has accounted",
+                           hidden=len(todo) <= 20) as bar:
+        for r in bar:
+            b = account_run(store, r["run_id"]).breakdown()
+            r["goodput"], r["wall_clock_s"] = b.goodput, b.wall_clock_s
+    return rows
 
 
 _BUCKET_NOTES = {"productive": "forward progress",
@@ -70,6 +132,26 @@ _BUCKET_NOTES = {"productive": "forward progress",
                  "checkpoint_stall": "training blocked by saves",
                  "recompute": "steps redone after a rollback", "restart": "failure to next step",
                  "other": "gaps, eval, input stalls, custom intervals"}
+
+
+def _iso(t: float | None) -> str:
+    """An instant as ISO 8601 in UTC (``2026-01-01T00:10:00Z``); ``?`` when unknown."""
+    import datetime as dt
+    import math
+    if t is None or not math.isfinite(t):
+        return "?"
+    text = dt.datetime.fromtimestamp(t, dt.UTC).isoformat(
+        timespec="seconds" if float(t).is_integer() else "milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def _window_text(window: dict[str, Any]) -> str:
+    """``--since``/``--until`` as read: ``2026-...Z to 2026-...Z`` (an open side: the run's
+    start or end)."""
+    lo, hi = window.get("since"), window.get("until")
+    start = _iso(lo) if lo is not None else "the run's start"
+    end = _iso(hi) if hi is not None else "the run's end"
+    return f"{start} to {end}"
 
 
 def report_text(rep: dict[str, Any]) -> str:
@@ -80,7 +162,8 @@ def report_text(rep: dict[str, Any]) -> str:
     state = "in progress" if rep["in_progress"] else "ended"
     gpu = rep["gpu_time_goodput"]
     when = (f" as of {format_instant(rep['as_of'])}" if rep.get("as_of") is not None else "")
-    lines = [f"run {rep['run']} ({state}{when}): wall-clock {format_duration(wall)}",
+    lines = [f"run {rep['run']} ({state}{when}): wall-clock {format_duration(wall)}"
+             + (f" in the window {_window_text(rep['window'])}" if rep.get("window") else ""),
              f"goodput {100 * rep['goodput']:.1f}% of wall-clock"
              + (f", {100 * gpu:.1f}% of allocated GPU-time" if gpu is not None else ""), ""]
     rows = []
@@ -131,7 +214,8 @@ def report_text(rep: dict[str, Any]) -> str:
 @click.command()
 @click.option("--db", "--store", "db", type=StoreSpec(),
               help="Store file (no collector may hold it).")
-@click.option("--url", help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
+@click.option("--url", type=CollectorUrl(),
+              help="A running collector to ask instead, e.g. http://127.0.0.1:8470.")
 @token_options("token for --url")
 @click.option("--run", "run_id", help="Run id (default: the most recently started run).")
 @click.option("--since", help="Window start: epoch s, ISO time, +2h (into the run), -30m (before "
@@ -176,6 +260,12 @@ def report(db: str | None, url: str | None, token: str | None, token_file: str |
                     from None
         finally:
             store.close()
+    window = rep.get("window")
+    if window and not window["overlaps_run"]:
+        click.echo(f"warning: the window {_window_text(window)} holds none of run "
+                   f"{rep['run']} ({_iso(window['run_start'])} to {_iso(window['run_end'])}), "
+                   "so every figure is 0; pick --since/--until inside the run (+10m: ten "
+                   "minutes into it, -30m: its last half hour)", err=True)
     if as_json:
         echo_json(rep)
     else:
@@ -183,20 +273,28 @@ def report(db: str | None, url: str | None, token: str | None, token_file: str |
 
 
 @click.command()
-@click.option("--db", "--store", "db", required=True, type=StoreSpec(exists=True),
+@click.option("--db", "--store", "db", type=StoreSpec(exists=True),
               help="Store file (no collector may hold it).")
+@click.option("--url", type=CollectorUrl(),
+              help="A running collector to read the run from instead, e.g. 127.0.0.1:8470.")
+@token_options("token for --url")
 @click.option("--run", "run_id", required=True, help="Run id.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
-def detect(db: str, run_id: str, as_json: bool) -> None:
+def detect(db: str | None, url: str | None, token: str | None, token_file: str | None,
+           run_id: str, as_json: bool) -> None:
     """Find persistent stragglers in a stored run: ranks, hosts or switches slower than their
     siblings (a rank than the other ranks of its host, a host than the other hosts behind its
     switch, a switch than the rest of the job), scored on each rank's time to reach the
     collective; from which step, by how much, what they cost, whether to evict them, and
-    whether they are still open at the end of the run or resolved.
+    whether they are still open at the end of the run or resolved. With --url, the run is
+    read from a running collector (which holds its store file).
     """
     from goodlens.analysis.findings import detect_run, finding_dicts
+    from goodlens.cli.remote import one_source, read_run_at
+    one_source(db, url)
+    token = read_token(token, token_file)
     try:
-        found = read_run(db, run_id, detect_run)
+        found = read_run_at(db, url, token, run_id, detect_run)
     except ValueError as exc:  # rank ids too sparse to lay out: say so, in one line
         raise click.ClickException(f"{exc}; detection needs rank ids 0..N-1") from None
     rows = [{k: plain(v) for k, v in f.items()} for f in finding_dicts(found)]

@@ -11,6 +11,7 @@ so the tail is accounted as restart detection and the wall-clock stops there.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.parse
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import click
 
 from goodlens.cli.common import (
+    CollectorError,
+    CollectorUrl,
     Duration,
     StoreSpec,
     echo_json,
@@ -34,7 +37,8 @@ from goodlens.model.units import format_duration, format_instant, parse_instant
 @click.command("end-run")
 @click.option("--db", "--store", "db", type=StoreSpec(exists=True),
               help="Store to write to (a DuckDB file no collector holds, or parquet:DIR).")
-@click.option("--url", help="A running collector to send the event to instead.")
+@click.option("--url", type=CollectorUrl(),
+              help="A running collector to send the event to instead.")
 @token_options("token for --url")
 @click.option("--run", "run_id", required=True, help="Run id.")
 @click.option("--cause", default="lost", show_default=True,
@@ -45,7 +49,8 @@ from goodlens.model.units import format_duration, format_instant, parse_instant
               help="Shortest hang timeout, as `goodlens serve --hang-floor` (with --url, the "
                    "collector's own).")
 @click.option("--force", is_flag=True,
-              help="End it even though it is not silent past its timeout yet.")
+              help="End it even though it is not silent past its timeout yet: at its last "
+                   "activity plus the timeout, or now if that is still to come.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def end_run(db: str | None, url: str | None, token: str | None, token_file: str | None,
             run_id: str, cause: str, at: str | None, hang_floor: float, force: bool,
@@ -67,14 +72,19 @@ def end_run(db: str | None, url: str | None, token: str | None, token_file: str 
             f"run {run_id!r} reported {format_duration(quiet['silent_s'])} ago, within its "
             f"{format_duration(quiet['timeout_s'])} hang timeout: it may still be running "
             "(--force ends it anyway)")
-    when = quiet["last_activity"] + quiet["timeout_s"]
+    now = time.time()  # an end is never recorded later than this (--force ends it now)
+    when = min(quiet["last_activity"] + quiet["timeout_s"], now)
     if at is not None:
         try:
-            when = parse_instant(at, rep["start"], time.time())
+            when = parse_instant(at, rep["start"], now)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--at") from None
         if when < quiet["last_activity"]:
             raise click.BadParameter("is before the run's last activity", param_hint="--at")
+        if when > now:
+            raise click.BadParameter(f"{format_instant(when)} is in the future; the end of a "
+                                     "run is recorded at or before now (leave --at out: now "
+                                     "with --force)", param_hint="--at")
     attempt = int(quiet["attempt"])
     doc = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "events": {
         "source": f"goodlens/end-run/{attempt}", "seq": [0], "kind": [EventKind.FAILURE_DETECTED],
@@ -83,6 +93,8 @@ def end_run(db: str | None, url: str | None, token: str | None, token_file: str 
     if url:
         answer = get_json(url.rstrip("/") + "/v1/ingest", token, body=doc)
         stored = int((answer or {}).get("events_inserted", 0))
+        with contextlib.suppress(CollectorError):  # summarised too, so the report below has it
+            get_json(url.rstrip("/") + "/v1/sync", token, body={})
     else:
         stored = _write(db, doc)
     after = _report(db, url, token, run_id, hang_floor)
@@ -101,7 +113,7 @@ def _report(db: str | None, url: str | None, token: str | None, run_id: str,
             hang_floor_s: float) -> dict[str, Any]:
     if url:
         return get_json(url.rstrip("/") + "/v1/report?" + urllib.parse.urlencode(
-            {"run": run_id}), token)
+            {"run": run_id, "fresh": "1"}), token)  # computed now, not a cached one
     from goodlens.analysis.report import report_dict
     return read_run(db, run_id, lambda store, run: report_dict(store, run,
                                                                  hang_floor_s=hang_floor_s))

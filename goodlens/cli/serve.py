@@ -108,6 +108,11 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
                                 "e.g. a launcher that evicts.")
 @click.option("--hang-floor", type=Duration(), default="60s", show_default=True,
               help="Shortest hang timeout; the timeout adapts to 3x the longest step interval.")
+@click.option("--metrics-retention", type=Duration(allow_all=True), default="1h",
+              show_default=True,
+              help="/metrics exports runs live or active within this long (finished runs "
+                   "then drop off; their history stays on /v1/report, the CLI and the "
+                   "dashboard); `all` exports every run (a demo over old traces).")
 @click.option("--dashboard/--no-dashboard", default=True, show_default=True,
               help="Serve the dashboard at / (with --token, open it once as /?token=...).")
 @click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
@@ -119,7 +124,8 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
           token_file: str | None, allow_hosts: tuple[str, ...], header_timeout: float,
           body_timeout: float, max_connections: int, max_body: int, max_queue_rows: int,
           summarize_every: float, memory_limit: str, detect: bool, webhook: str | None,
-          hang_floor: float, dashboard: bool, loads: tuple[str, ...], log_level: str) -> None:
+          hang_floor: float, metrics_retention: float, dashboard: bool,
+          loads: tuple[str, ...], log_level: str) -> None:
     """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz,
     the API's OpenAPI document on /openapi.json.
 
@@ -139,6 +145,7 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
                               max_body_bytes=max_body, max_queue_rows=max_queue_rows,
                               memory_limit=memory_limit, summarize_interval_s=summarize_every,
                               detect=detect, webhook=webhook, hang_floor_s=hang_floor,
+                              metrics_retention_s=metrics_retention,
                               allow_hosts=allow_hosts, init=init, limits=limits)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

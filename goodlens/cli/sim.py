@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from goodlens.cli.common import echo_json, overrides, table
+from goodlens.cli.common import echo_json, overrides, table, user_message
 from goodlens.model.units import format_duration
 
 
@@ -26,8 +26,9 @@ from goodlens.model.units import format_duration
 @click.option("--sweep", "sweep_spec", metavar="FIELD=V1,V2,...",
               help="Run every value of one setting and print a table ready to plot.")
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Also write one trial (--seed) as a trace folder: per-rank step rows, "
-                   "events, ground_truth.json. For small runs (at most --max-rows rows).")
+              help="Also write the first trial (of --seed) as a trace folder: per-rank step "
+                   "rows, events, ground_truth.json; with --trials 1 it is the run printed. "
+                   "For small runs (at most --max-rows rows).")
 @click.option("--run-id", default="sim", show_default=True, help="Run id in the --out trace.")
 @click.option("--max-rows", type=int, default=50_000_000, show_default=True,
               help="Refuse --out traces bigger than this many rank-step rows.")
@@ -51,7 +52,7 @@ def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int
     except KeyError as exc:
         raise click.BadParameter(str(exc.args[0]), param_hint="--preset") from None
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--set") from None
+        raise click.BadParameter(user_message(str(exc)), param_hint="--set") from None
     if sweep_spec:
         name, _, raw = sweep_spec.partition("=")
         values = [v for v in raw.split(",") if v]
@@ -77,12 +78,16 @@ def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int
                 f"--out would write about {rows:,.0f} rank-step rows (limit --max-rows "
                 f"{max_rows:,}); shorten it (--set duration_s=2h) or use fewer nodes")
         from goodlens.analysis.runsim.tracegen import generate_trace
-        tr = generate_trace(config, seed, out, run_id=run_id)
-        trace_note = {"path": str(tr.path), "run_id": run_id, "seed": seed, "rows": tr.rows,
+        # the first trial of the Monte Carlo below, drawn from its stream, counted as the
+        # trace has it: with --trials 1 the numbers printed are the trace's
+        tr = generate_trace(config, seed, out, run_id=run_id, rng=sim.trial_rng(seed, 0))
+        trace_note = {"path": str(tr.path), "run_id": run_id, "seed": seed, "trial": 1,
+                      "rows": tr.rows,
                       "rows_per_s": tr.rows_per_s, "truth": tr.truth}
     with click.progressbar(length=trials, label=f"simulating {preset} x{trials}",
                            file=sys.stderr, hidden=as_json or not sys.stderr.isatty()) as bar:
-        res = sim.monte_carlo(config, trials=trials, seed=seed)
+        res = sim.monte_carlo(config, trials=trials, seed=seed,
+                              first=tr.as_result() if trace_note else None)
         bar.update(trials)
     out_doc = {"preset": preset, **res}
     if trace_note:
@@ -103,6 +108,6 @@ def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int
              for k, v in out["restart_parts_mean"].items() if v]
     click.echo(table(rows, [("b", "bucket (mean)"), ("t", "time"), ("p", "share")]))
     if trace_note:
-        click.echo(f"\ntrace of seed {seed}: {trace_note['path']} ({trace_note['rows']:,} "
-                   f"rank-step rows; its ground truth: goodput "
+        click.echo(f"\ntrace of trial 1 of seed {seed}: {trace_note['path']} "
+                   f"({trace_note['rows']:,} rank-step rows; its ground truth: goodput "
                    f"{100 * trace_note['truth']['goodput']:.1f}%, in ground_truth.json)")

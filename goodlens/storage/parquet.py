@@ -73,7 +73,7 @@ import pyarrow.parquet as pq
 
 from goodlens.model.batch import Batch
 from goodlens.model.schema import SCHEMA_VERSION
-from goodlens.storage import summaries
+from goodlens.storage import reports, summaries
 from goodlens.storage.marks import (
     NEW_EVENTS,
     NEW_STEPS,
@@ -244,6 +244,8 @@ class ParquetStore(SqlReader):
         # dirty first, then seen: a checkpoint lists a segment only once its steps are dirty
         if dirty:
             self._con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", dirty)
+        reports.mark_changed(self._con, [b.run_id for b, r in zip(batches, results)
+                                         if r.steps_inserted or r.events_inserted or b.run])
         with self._lock:
             self._seen.update(written)
         if written and not all(self._views.values()):
@@ -326,17 +328,19 @@ class ParquetStore(SqlReader):
             return 0  # compacted away meanwhile: the merged segment is picked up next time
         if ranges:
             con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", ranges)
+            reports.mark_changed(con, [r[0] for r in ranges])
         with self._lock:
             self._seen.update(new)
         return len(new)
 
-    def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+    def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None,
+                        changed: list[str] | None = None) -> int:
         """Pick up new segments, then summarise dirty ranges as the DuckDB store does (and
-        compact old small segments every few minutes when writable)."""
+        compact old small segments every few minutes when writable; ``changed`` as there)."""
         self._define_views(con)
         self._rescan(con)
         covered = self._covered()  # before the pass: each is dirty or summarised already
-        total = summaries.summarize_dirty(con or self._con)
+        total = summaries.summarize_dirty(con or self._con, changed)
         self._summarised = covered
         if not self.read_only and time.monotonic() - self._last_compact > self.compact_after_s:
             self._last_compact = time.monotonic()

@@ -18,6 +18,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from goodlens.model.schema import EventKind as _K
+from goodlens.storage import reports
+
 
 class SparseRanks(ValueError):
     """A run's rank ids are far sparser than its ranks (a typo, a hostile push): a layout
@@ -64,28 +67,49 @@ class SqlReader:
         raise AssertionError("unreachable")
 
     def runs(self) -> pd.DataFrame:
-        """One row per run: metadata, attempts, steps summarised, first and last time, state."""
-        return self._runs()
+        """One row per run, most recently started first: metadata, attempts, steps
+        summarised, first and last time, state, and the stored report's goodput and
+        wall-clock (null until a collector accounted the run)."""
+        return self.runs_page()[0]
+
+    def runs_page(self, limit: int | None = None, offset: int = 0, sort: str = "start",
+                  descending: bool = True, state: str | None = None,
+                  text: str | None = None) -> tuple[pd.DataFrame, int]:
+        """A page of :meth:`runs` and how many runs match (sort keys, filters:
+        :func:`goodlens.storage.reports.runs_page`)."""
+        cur = self._cursor()
+        return reports.runs_page(cur, limit=limit, offset=offset, sort=sort,
+                                 descending=descending, state=state, text=text,
+                                 stored=self._has_reports(cur))
+
+    def _has_reports(self, cur: duckdb.DuckDBPyConnection) -> bool:
+        has = getattr(self, "_reports_table", None)
+        if has is None:
+            has = self._reports_table = reports.has_reports_table(cur)
+        return has
+
+    def stored_report(self, run_id: str) -> dict[str, Any] | None:
+        """The stored report of a finished run while no rows arrived since, else None."""
+        cur = self._cursor()
+        return reports.current_report(cur, run_id) if self._has_reports(cur) else None
+
+    def stored_reports(self, run_ids: list[str] | None = None, since: float | None = None
+                       ) -> list[reports.ReportRow]:
+        """Stored report rows (:func:`goodlens.storage.reports.load`)."""
+        cur = self._cursor()
+        return reports.load(cur, run_ids, since=since) if self._has_reports(cur) else []
+
+    def runs_of(self, run_ids: list[str]) -> pd.DataFrame:
+        """The list rows of ``run_ids`` computed from the raw tables (exact as of now; what
+        the stored rows are refreshed from)."""
+        return self._df(reports.RUNS_FROM_ROWS.format(
+            only="WHERE run_id IN (SELECT unnest($runs::VARCHAR[]))"), {"runs": list(run_ids)})
 
     def _runs(self, run_id: str | None = None) -> pd.DataFrame:
         only = "WHERE run_id = $run" if run_id is not None else ""
-        return self._df(f"""
-            WITH a AS (SELECT run_id, count(*) AS attempts, min(start) AS start,
-                         max(coalesce("end", last_activity)) AS last_time,
-                         arg_max_null(end_reason, attempt) AS last_reason
-                       FROM attempts {only} GROUP BY run_id),
-                 s AS (SELECT run_id, count(*) AS steps, max(step) AS last_step
-                       FROM step_summaries {only} GROUP BY run_id)
-            SELECT r.run_id, r.name, r.world_size, r.gpus_per_rank, r.global_batch,
-              r.model_params, r.tags, coalesce(a.attempts, 0) AS attempts,
-              coalesce(s.steps, 0) AS steps, s.last_step,
-              coalesce(a.start, r.first_seen) AS start, a.last_time,
-              CASE WHEN a.last_reason = 'completed' THEN 'completed'
-                   WHEN a.last_reason IS NULL THEN 'running' ELSE a.last_reason END AS state
-            FROM (SELECT * FROM runs {only}) r LEFT JOIN a USING (run_id)
-              LEFT JOIN s USING (run_id)
-            ORDER BY start DESC NULLS LAST, r.run_id""",
-            {"run": run_id} if run_id is not None else None)
+        return self._df(reports.RUNS_FROM_ROWS.format(only=only) +
+                        " ORDER BY start DESC NULLS LAST, r.run_id",
+                        {"run": run_id} if run_id is not None else None)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """One run's metadata and overview row, or None when unknown."""
@@ -212,25 +236,43 @@ class SqlReader:
               SELECT min(step) FROM step_summaries WHERE run_id = ? AND attempt = ?)
             GROUP BY rank ORDER BY rank""", [run_id, attempt, run_id, attempt])
 
-    def run_metrics(self, window_steps: int = 100) -> pd.DataFrame:
-        """Per run, for /metrics: steps summarised, last step, ranks reporting the last step,
-        and step-time quantiles (slowest rank's duration) over the latest ``window_steps``."""
-        return self._df("""
-            WITH latest AS (SELECT run_id, max(attempt) AS attempt FROM step_summaries
+    def run_metrics(self, window_steps: int = 100, run_ids: list[str] | None = None
+                    ) -> pd.DataFrame:
+        """Per run (default: every run), for /metrics: steps summarised, last step, ranks
+        reporting the last step, step-time quantiles (slowest rank's duration) over the latest
+        ``window_steps``, the sum and count of every step's time, and failures and hangs."""
+        only = "WHERE run_id IN (SELECT unnest($runs::VARCHAR[]))" if run_ids is not None \
+            else ""
+        params: dict[str, Any] = {"window": window_steps}
+        if run_ids is not None:
+            params["runs"] = list(run_ids)
+        return self._df(f"""
+            WITH sums AS (SELECT * FROM step_summaries {only}),
+                 latest AS (SELECT run_id, max(attempt) AS attempt FROM sums
                             GROUP BY run_id),
                  top AS (SELECT s.run_id, s.attempt, max(s.step) AS last_step
-                         FROM step_summaries s JOIN latest USING (run_id, attempt)
+                         FROM sums s JOIN latest USING (run_id, attempt)
                          GROUP BY ALL),
-                 recent AS (SELECT s.* FROM step_summaries s JOIN top USING (run_id, attempt)
-                            WHERE s.step > top.last_step - ?),
-                 totals AS (SELECT run_id, count(*) AS steps FROM step_summaries GROUP BY run_id)
-            SELECT run_id, totals.steps, max(step) AS last_step, max(attempt) AS attempt,
-              arg_max(ranks, step) AS ranks_reporting,
+                 recent AS (SELECT s.* FROM sums s JOIN top USING (run_id, attempt)
+                            WHERE s.step > top.last_step - $window),
+                 totals AS (SELECT run_id, count(*) AS steps,
+                              sum(duration_max) AS step_seconds FROM sums GROUP BY run_id),
+                 ev AS (SELECT run_id,
+                          count(DISTINCT attempt) FILTER (WHERE kind IN
+                            ('{_K.FAILURE}', '{_K.FAILURE_DETECTED}')) AS failures,
+                          count(*) FILTER (WHERE kind = '{_K.FAILURE_DETECTED}'
+                            AND cause = 'hang') AS hangs
+                        FROM events {only} GROUP BY run_id)
+            SELECT run_id, totals.steps, totals.step_seconds, max(step) AS last_step,
+              max(attempt) AS attempt, arg_max(ranks, step) AS ranks_reporting,
               quantile_cont(duration_max, 0.5) AS step_p50,
               quantile_cont(duration_max, 0.9) AS step_p90,
-              quantile_cont(duration_max, 0.99) AS step_p99
-            FROM recent JOIN totals USING (run_id) GROUP BY run_id, totals.steps
-            ORDER BY run_id""", [window_steps])
+              quantile_cont(duration_max, 0.99) AS step_p99,
+              coalesce(any_value(ev.failures), 0) AS failures,
+              coalesce(any_value(ev.hangs), 0) AS hangs
+            FROM recent JOIN totals USING (run_id) LEFT JOIN ev USING (run_id)
+            GROUP BY run_id, totals.steps, totals.step_seconds
+            ORDER BY run_id""", params)
 
     def row_counts(self) -> dict[str, int]:
         """Rows stored per table (steps, events, runs, step_summaries)."""

@@ -162,11 +162,35 @@ def summary_ddl(create: str = "CREATE TABLE IF NOT EXISTS") -> str:
     return f"{create} step_summaries (\n  {cols}\n);"
 
 
+#: Each run's report as last computed (:mod:`goodlens.storage.reports`): the runs list's
+#: columns, and the whole report as JSON. ``final``: the run had ended when it was computed;
+#: ``stale``: rows arrived since (set in the summarising transaction that saw them).
+REPORTS_DDL = """
+CREATE TABLE IF NOT EXISTS report_dirty (run_id VARCHAR);
+CREATE TABLE IF NOT EXISTS run_reports (
+  run_id VARCHAR PRIMARY KEY,
+  computed_at DOUBLE,     -- unix time the report was computed (its "now" for a live run)
+  final BOOLEAN,          -- the run had ended: kept until rows arrive again
+  stale BOOLEAN,          -- rows arrived after it was computed
+  state VARCHAR,          -- running, completed, failed, preempted, ...
+  start DOUBLE,
+  last_time DOUBLE,       -- the run's latest activity
+  attempts BIGINT,
+  steps BIGINT,
+  last_step BIGINT,
+  wall_clock_s DOUBLE,    -- null until the accounting ran (an index-only row)
+  goodput DOUBLE,
+  report VARCHAR,         -- the report (JSON), null for an index-only row
+  metrics VARCHAR         -- the per-run series /metrics exports (JSON)
+);"""
+
 #: What every store keeps next to its rows: its schema version, the step ranges awaiting
-#: summaries and the summaries themselves, and the attempts view over events and summaries.
+#: summaries and the summaries themselves, the runs whose reports rows changed, the reports,
+#: and the attempts view over events and summaries.
 DERIVED = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS dirty (run_id VARCHAR, attempt BIGINT, lo BIGINT, hi BIGINT);
+{REPORTS_DDL}
 {summary_ddl()}
 {_ATTEMPTS_VIEW}"""
 

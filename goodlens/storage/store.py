@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from goodlens.model.batch import Batch
 from goodlens.model.schema import SCHEMA_VERSION
-from goodlens.storage import summaries
+from goodlens.storage import reports, summaries
 from goodlens.storage.marks import (
     NEW_EVENTS,
     NEW_STEPS,
@@ -212,6 +212,8 @@ class Store(SqlReader):
         try:
             results = [self._write_batch(b, g) for b in batches]
             g.flush()
+            reports.mark_changed(con, [b.run_id for b, r in zip(batches, results)
+                                       if r.steps_inserted or r.events_inserted or b.run])
             if g.dirty:
                 con.register("_dirty", pa.table({
                     "run_id": [k[0] for k in g.dirty], "attempt": [k[1] for k in g.dirty],
@@ -279,12 +281,15 @@ class Store(SqlReader):
         finally:
             self._con.unregister("_batch")
 
-    def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+    def summarize_dirty(self, con: duckdb.DuckDBPyConnection | None = None,
+                        changed: list[str] | None = None) -> int:
         """Recompute the summaries of every dirty step range; returns the steps summarised.
 
-        ``con`` lets a summariser thread use its own cursor while the writer inserts.
+        ``con`` lets a summariser thread use its own cursor while the writer inserts;
+        ``changed`` receives the runs whose reports are out of date
+        (:func:`goodlens.storage.summaries.summarize_dirty`).
         """
-        return summaries.summarize_dirty(con or self._con)
+        return summaries.summarize_dirty(con or self._con, changed)
 
     def external_changes(self) -> bool:
         """Whether other processes may have added rows to summarise (never, for a DuckDB

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import duckdb
 
+from goodlens.storage import reports
 from goodlens.storage.schema import ALL_STEP_RANGES, SUMMARY_NAMES, SUMMARY_SELECT
 
 #: Raw rows summarised per statement (bounds the memory the medians need).
@@ -35,9 +36,14 @@ def mark_all_dirty(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("INSERT INTO dirty " + ALL_STEP_RANGES)
 
 
-def summarize_dirty(con: duckdb.DuckDBPyConnection) -> int:
+def summarize_dirty(con: duckdb.DuckDBPyConnection, changed: list[str] | None = None) -> int:
     """Recompute the summaries of every dirty step range on ``con`` (in one transaction) and
-    clear ``dirty``; returns the steps summarised."""
+    clear ``dirty``; returns the steps summarised.
+
+    ``changed`` (the writer's summariser passes a list): also take the runs whose rows
+    changed (``report_dirty``), mark their stored reports stale in the same transaction and
+    append their ids to ``changed``: the summaries those reports need are then in place, and
+    a crash after the commit leaves the reports marked stale, never silently old."""
     total = 0
     # one snapshot for everything: the dirty rows read are exactly the ones deleted, and
     # rows the writer commits meanwhile stay dirty for the next pass
@@ -48,6 +54,8 @@ def summarize_dirty(con: duckdb.DuckDBPyConnection) -> int:
         for run_id, attempt, lo, hi in merge_ranges(rows):
             total += _summarize_range(con, run_id, attempt, lo, hi)
         con.execute("DELETE FROM dirty")
+        if changed is not None:
+            changed += reports.take_changed(con)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

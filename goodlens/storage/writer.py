@@ -14,8 +14,10 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from goodlens.model.batch import Batch
 from goodlens.storage.marks import WriteResult
@@ -30,6 +32,12 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 #: Most distinct sources the per-source rejection counts keep (then ``other``).
 MAX_REJECT_SOURCES = 256
+
+
+#: Called on the summariser's thread after each pass (also an idle one) with its cursor, the
+#: runs whose rows changed since the previous pass, and whether it is urgent (a ``sync``
+#: waits for the pass, or the writer is stopping).
+AfterPass = Callable[[Any, list[str], bool], None]
 
 
 class Overloaded(RuntimeError):
@@ -81,7 +89,8 @@ class Writer:
     """Owns the store's write side. ``submit`` from any thread; one thread writes."""
 
     def __init__(self, store: Store | ParquetStore, *, max_queue_rows: int = 4_000_000,
-                 max_group_rows: int = 500_000, summarize_interval_s: float = 1.0) -> None:
+                 max_group_rows: int = 500_000, summarize_interval_s: float = 1.0,
+                 after_pass: AfterPass | None = None) -> None:
         self.store = store
         self.max_queue_rows = max_queue_rows
         self.max_group_rows = max_group_rows
@@ -89,7 +98,7 @@ class Writer:
         self.stats = WriterStats()
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="goodlens-writer", daemon=True)
-        self._summarizer = _Summarizer(store, self.stats, summarize_interval_s)
+        self._summarizer = _Summarizer(store, self.stats, summarize_interval_s, after_pass)
 
     def start(self) -> Writer:
         """Start the writer and summariser threads; returns self."""
@@ -202,8 +211,8 @@ class Writer:
                     st.steps_duplicate += res.steps_duplicate
                     st.events_inserted += res.events_inserted
                     st.events_duplicate += res.events_duplicate
-                    if res.steps_inserted:
-                        self._summarizer.poke()
+                    if res.steps_inserted or res.events_inserted:
+                        self._summarizer.poke()  # new summaries, or a report to redo
         for (_, fut, _), res in zip(items, results):
             if isinstance(res, BaseException):
                 fut.set_exception(res)
@@ -214,12 +223,16 @@ class Writer:
 
 class _Summarizer:
     """Re-summarises dirty step ranges on its own thread and DuckDB cursor, so the writer
-    keeps inserting meanwhile (DuckDB's MVCC: it deletes only the dirty rows it read)."""
+    keeps inserting meanwhile (DuckDB's MVCC: it deletes only the dirty rows it read); after
+    each pass, ``after_pass`` gets the cursor and the runs whose rows changed (the collector
+    recomputes their reports there, before a waiting ``sync`` returns)."""
 
-    def __init__(self, store: Store | ParquetStore, stats: WriterStats, interval_s: float) -> None:
+    def __init__(self, store: Store | ParquetStore, stats: WriterStats, interval_s: float,
+                 after_pass: AfterPass | None = None) -> None:
         self.store = store
         self.stats = stats
         self.interval_s = interval_s
+        self.after_pass = after_pass
         self._wake = threading.Event()
         self._stop = False
         self._waiting: list[threading.Event] = []
@@ -254,20 +267,26 @@ class _Summarizer:
             with self._lock:
                 waiting, self._waiting = self._waiting, []
             stopping = self._stop
+            changed: list[str] = []
             if self._dirty or waiting or stopping or self.store.external_changes():
                 self._dirty = False
-                self._summarize(con)
+                self._summarize(con, changed)
+            if self.after_pass is not None:
+                try:
+                    self.after_pass(con, changed, bool(waiting) or stopping)
+                except Exception:
+                    log.exception("the step after summarising failed")
             for ev in waiting:
                 ev.set()
             if stopping:
                 con.close()
                 return
 
-    def _summarize(self, con: object) -> None:
+    def _summarize(self, con: object, changed: list[str]) -> None:
         t0 = time.perf_counter()
         for attempt in range(3):
             try:
-                self.store.summarize_dirty(con)
+                self.store.summarize_dirty(con, changed)
                 break
             except Exception:
                 if attempt == 2:

@@ -66,7 +66,7 @@ def test_errors_tell_the_user_what_to_do(tmp_path):
     r = run("runs", ok=False)
     assert r.exit_code == 2 and "--db PATH or --url URL" in r.output
     r = run("runs", "--db", str(tmp_path / "none.duckdb"), ok=False)
-    assert r.exit_code == 1 and "no goodlens store" in r.output
+    assert r.exit_code == 2 and "no goodlens store" in r.output  # a wrong argument
     r = run("runs", "--url", "http://127.0.0.1:9", ok=False)
     assert "is `goodlens serve` running?" in r.output
     r = run("import", str(tmp_path), "--db", str(tmp_path / "x.duckdb"), ok=False)

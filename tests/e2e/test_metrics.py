@@ -96,11 +96,17 @@ def test_goodput_and_badput_per_run_match_the_report(tmp_path):
         assert get("goodlens_run_goodput_ratio", {"run": "demo-8x"}) == pytest.approx(b.goodput)
         assert get("goodlens_run_gpu_time_goodput_ratio", {"run": "demo-8x"}) == \
             pytest.approx(b.gpu_time_goodput)
-        for bucket in ("straggler_wait", "checkpoint_stall", "recompute", "restart", "other"):
-            assert get("goodlens_run_badput_seconds", {"run": "demo-8x", "bucket": bucket}) == \
+        buckets = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart",
+                   "other")
+        for bucket in buckets:
+            assert get("goodlens_run_time_seconds", {"run": "demo-8x", "bucket": bucket}) == \
                 pytest.approx(b.buckets[bucket])
-        assert get("goodlens_run_badput_seconds", {"run": "demo-8x", "bucket": "productive"}) \
-            is None
+        # productive is a bucket like the others: together they are the wall-clock
+        assert sum(get("goodlens_run_time_seconds", {"run": "demo-8x", "bucket": x})
+                   for x in buckets) == pytest.approx(
+                       get("goodlens_run_wall_clock_seconds", {"run": "demo-8x"}))
+        assert get("goodlens_run_badput_seconds", {"run": "demo-8x", "bucket": "restart"}) \
+            is None  # renamed: goodlens_run_time_seconds
         assert get("goodlens_run_restart_seconds", {"run": "demo-8x", "part": "queue"}) == \
             pytest.approx(120.0, abs=0.1)
     finally:

@@ -76,7 +76,7 @@ def test_live_collector_pushes_each_finding_once_to_the_webhook(tmp_path):
 
     hook = HTTPServer(("127.0.0.1", free_port()), Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
-    c = Collector(tmp_path / "live.duckdb", "--webhook",
+    c = Collector(tmp_path / "live.duckdb", "--metrics-retention", "all", "--webhook",
                   f"http://127.0.0.1:{hook.server_port}/evict").start()
     try:
         from goodlens.collector.replay import stream_trace
@@ -94,7 +94,7 @@ def test_live_collector_pushes_each_finding_once_to_the_webhook(tmp_path):
                'subject="5"}' in text
         # a restarted collector re-reads the run and re-finds rank 5: no second push
         c.stop()
-        c = Collector(tmp_path / "live.duckdb", "--webhook",
+        c = Collector(tmp_path / "live.duckdb", "--metrics-retention", "all", "--webhook",
                       f"http://127.0.0.1:{hook.server_port}/evict").start()
         time.sleep(5)  # two detection passes at least
         _, text = http("GET", c.url + "/metrics")

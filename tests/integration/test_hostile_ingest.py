@@ -254,9 +254,9 @@ def test_bombs_are_refused_with_413_before_they_are_decoded() -> None:
     import time
     for label, ctype, body in bombs():
         assert len(body) < 64 * 1024 * 1024, label
-        t = time.perf_counter()
+        t = time.process_time()  # the work done, not the wait for a core on a busy box
         with pytest.raises(BatchError) as info:
             decode(ctype, body)
         assert info.value.status == 413, (label, info.value.message)
         assert info.value.reason == "decoded_too_large"
-        assert time.perf_counter() - t < 5, label  # refused from headers, not decoded
+        assert time.process_time() - t < 5, label  # refused from headers, not decoded

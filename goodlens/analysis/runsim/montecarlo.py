@@ -32,19 +32,29 @@ def simulate(config: SimConfig, seed: int = 0) -> SimResult:
     return run_trial(config, prepare(config), np.random.default_rng(seed))
 
 
-def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0) -> dict[str, Any]:
+def trial_rng(seed: int, index: int) -> np.random.Generator:
+    """The random stream of trial ``index`` of a Monte Carlo with ``seed`` (seeds spawned
+    from it): :func:`monte_carlo`'s, and the one ``goodlens simulate --out`` writes as a
+    trace, so the trace is the trial whose numbers are printed."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
+
+
+def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0,
+                first: SimResult | None = None) -> dict[str, Any]:
     """``trials`` independent trials (seeds spawned from ``seed``): mean and 5th/95th
-    percentile goodput, mean seconds per bucket and restart part, mean counts."""
+    percentile goodput, mean seconds per bucket and restart part, mean counts. ``first``
+    stands for the first trial when given (``goodlens simulate --out``: that trial as its
+    trace has it, :meth:`~goodlens.analysis.runsim.tracegen.TraceResult.as_result`)."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1 (got {trials})")
     p = prepare(config)
-    rs = [run_trial(config, p, np.random.default_rng(s))
-          for s in np.random.SeedSequence(seed).spawn(trials)]
+    rs = [first if i == 0 and first is not None else run_trial(config, p, trial_rng(seed, i))
+          for i in range(trials)]
     g = np.array([r.goodput for r in rs])
 
     def mean(get: Any, keys: Sequence[str]) -> dict[str, float]:
         return {k: float(np.mean([get(r)[k] for r in rs])) for k in keys}
-    return {"trials": trials, "wall_clock_s": config.duration_s,
+    return {"trials": trials, "wall_clock_s": float(np.mean([r.wall_clock_s for r in rs])),
             "goodput_mean": float(g.mean()), "goodput_p5": float(np.percentile(g, 5)),
             "goodput_p95": float(np.percentile(g, 95)),
             "gpu_time_goodput_mean": float(np.mean([r.gpu_time_goodput for r in rs])),

@@ -93,16 +93,29 @@ class TraceResult:
         """Rank-step rows generated per second."""
         return self.rows / self.seconds if self.seconds > 0 else math.inf
 
+    def as_result(self) -> SimResult:
+        """The trial as the trace has it: the simulator's result with the trace's own
+        breakdown (its per-rank noise realised), what ``goodlens report`` finds in it."""
+        t = self.truth
+        return SimResult(wall_clock_s=t["wall_clock_s"], goodput=t["goodput"],
+                         gpu_time_goodput=t["gpu_time_goodput"], buckets=dict(t["buckets"]),
+                         restart_parts=dict(t["restart_parts"]), counts=dict(self.sim.counts),
+                         failures_by_cause=dict(self.sim.failures_by_cause))
+
 
 def generate_trace(config: SimConfig, seed: int, out: str | Path | None, run_id: str = "sim",
                    clock_skew_s: float = 0.0, *,
-                   epoch: float = DEFAULT_EPOCH) -> TraceResult:
+                   epoch: float = DEFAULT_EPOCH,
+                   rng: np.random.Generator | None = None) -> TraceResult:
     """One trial of ``config`` (``simulate(config, seed)``'s) as a trace; written to ``out``
-    (with ``ground_truth.json``) when given. Same seed, same tables."""
+    (with ``ground_truth.json``) when given. Same seed, same tables. ``rng``, when given,
+    draws the trial instead of ``seed``'s own stream (``goodlens simulate --out``: a Monte
+    Carlo's first trial, :func:`~goodlens.analysis.runsim.montecarlo.trial_rng`); ``seed``
+    still draws the per-rank noise."""
     t_start = time.perf_counter()
     c, tl = config, []
     p = prepare(c)
-    res = run_trial(c, p, np.random.default_rng(seed), tl)
+    res = run_trial(c, p, np.random.default_rng(seed) if rng is None else rng, tl)
     g = _Gen(c, p, tl, np.random.default_rng([seed, 0x7ACE]), clock_skew_s, epoch)
     for a, r in enumerate(tl):
         g.attempt(a, r)
