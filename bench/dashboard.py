@@ -28,7 +28,7 @@ from _common import GOODLENS, ROOT, machine, table
 sys.path.insert(0, str(ROOT))
 from bench.accounting import build
 from goodlens.collector.replay import import_trace
-from goodlens.dashboard import pages
+from goodlens.dashboard import pages, views
 from goodlens.dashboard.data import DashConfig, RunData
 from goodlens.storage.store import Store
 
@@ -46,10 +46,15 @@ def callback_times(store: Store, run_id: str, repeats: int = 3) -> list[list[str
     """Per page: cold (empty cache) and warm server time of its callback, in ms."""
     rows = []
     body = {
-        "runs": lambda d: pages.runs_body(d.runs()),
+        "runs": lambda d: pages.runs_body(d.runs(limit=50)[0]),
         "overview": lambda d: pages.overview_body(d.overview(run_id)),
         "ranks": lambda d: pages.ranks_body(d.ranks(run_id)),
-        "checkpoints": lambda d: pages.checkpoints_body(d.checkpoints(run_id)),
+        "overview, last 1 h window": lambda d: pages.overview_body(
+            d.overview(run_id, (), "-1h", "")),
+        "checkpoints (with costs at a price)": lambda d: pages.checkpoints_body(
+            d.checkpoints(run_id, price=2.5)),
+        "compare (the run and its attempt 0)": lambda d: views.compare_body(
+            d.compare([run_id, f"{run_id}@0"])),
         "whatif": lambda d: pages.whatif_body(
             d.whatif(run_id, {"interval_s": d.whatif_calibration(run_id).config.interval_s / 2}),
             d.whatif_calibration(run_id)),

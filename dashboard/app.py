@@ -12,33 +12,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import dash
 from dash import Input, Output, State, dcc, html
 
-from goodlens.dashboard import pages
+from goodlens.dashboard import pages, views
+from goodlens.dashboard import runs as runs_view
 from goodlens.dashboard.data import DashConfig, RunData
+from goodlens.dashboard.urlstate import parse_path, parse_query
 
 log = logging.getLogger("goodlens.dashboard")
 NO = dash.no_update
-
-
-def parse_path(pathname: str | None) -> tuple[str, str | None]:
-    """``/runs/a%2Fb/ranks`` -> ``("ranks", "a/b")``; ``/`` -> ``("runs", None)``."""
-    parts = [p for p in (pathname or "/").split("/") if p]
-    if not parts:
-        return "runs", None
-    if parts[0] == "cluster" and len(parts) == 1:
-        return "cluster", None
-    if parts[0] != "runs" or len(parts) > 3:
-        return "unknown", None
-    if len(parts) == 1:
-        return "runs", None
-    page = parts[2] if len(parts) == 3 else "overview"
-    if page not in dict(pages.PAGES):
-        return "unknown", None
-    return page, unquote(parts[1])
 
 
 def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any) -> dash.Dash:
@@ -50,7 +34,9 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
                     assets_folder=str(Path(__file__).with_name("assets")),
                     update_title=None, **dash_kwargs)
     app.layout = html.Div([
-        dcc.Location(id="url"),
+        # refresh=False: a control mirrored into the URL's query (urlstate) updates the
+        # address bar and history without reloading the page
+        dcc.Location(id="url", refresh=False),
         dcc.Interval(id="tick", interval=int(config.refresh_s * 1000)),
         html.Div(id="nav"),
         html.Div(id="page", className="gl-page"),
@@ -61,47 +47,61 @@ def create_app(store: Any, config: DashConfig | None = None, **dash_kwargs: Any)
     _register_ranks(app, data)
     _register_whatif(app, data)
     from goodlens.dashboard.cluster import register_cluster_callbacks
+    from goodlens.dashboard.sync import register_view_callbacks
     register_cluster_callbacks(app)
+    register_view_callbacks(app, data)
     return app
 
 
 def _register_routing(app: dash.Dash, data: RunData) -> None:
     """The URL picks the page: navigation and the page's skeleton; the runs list."""
-    @app.callback(Output("nav", "children"), Output("page", "children"),
-                  Input("url", "pathname"))
-    def route(pathname: str | None) -> tuple[Any, Any]:
+    @app.callback(Output("nav", "children"), Input("url", "pathname"),
+                  Input("url", "search"))
+    def navigation(pathname: str | None, search: str | None) -> Any:
         page, run_id = parse_path(pathname)
-        nav = pages.nav(run_id, page)
+        return pages.nav(run_id, page, parse_query(search))
+
+    # the page is built from the path, and its controls seeded from the query (a shared
+    # link's view); a control's change rewrites the query, which does not rebuild the page
+    @app.callback(Output("page", "children"), Input("url", "pathname"),
+                  State("url", "search"))
+    def route(pathname: str | None, search: str | None) -> Any:
+        page, run_id = parse_path(pathname)
+        query = parse_query(search)
         if page == "unknown":
-            return nav, pages.not_found(f"no page at {pathname}")
+            return pages.not_found(f"no page at {pathname}")
         if page == "runs":
-            return nav, html.Div([html.H2("Runs"), html.Div(id="runs-body")])
+            return runs_view.runs_layout(query)
         if page == "cluster":
             from goodlens.dashboard.cluster import cluster_layout
-            return nav, cluster_layout()
+            return cluster_layout(query)
+        if page == "compare":
+            picked = [x for x in query.get("runs", "").split(",") if x]
+            return views.compare_layout(data.compare_choices(), picked)
         if data.version(run_id) is None:
-            return nav, pages.not_found(f"no run {run_id!r} in this store")
+            return pages.not_found(f"no run {run_id!r} in this store")
         head = html.H2(f"{dict(pages.PAGES)[page]}: {run_id}")
         store_id = dcc.Store(id=f"{page}-version")
+        bar = views.run_bar(query, data.config.refresh_s, live_page=page != "whatif")
         if page == "ranks":
-            return nav, html.Div([head, pages.ranks_controls(), store_id,
-                                  _loading(pages.ranks_skeleton())])
+            return html.Div([head, bar, pages.ranks_controls(query), store_id,
+                             _loading(pages.ranks_skeleton())])
         if page == "overview":
-            return nav, html.Div([head, store_id, _loading(pages.overview_skeleton())])
+            return html.Div([head, bar, store_id, _loading(pages.overview_skeleton(
+                exclude=[x for x in query.get("exclude", "").split(",") if x]))])
         if page == "whatif":
             # the form needs the calibration (its values seed the controls): it is built in
             # a callback of its own, behind a spinner, so the page shows at once
-            return nav, html.Div([head, html.P(
+            return html.Div([head, html.P(
                 "The simulator is fitted to this run (below); change a policy and compare. "
                 "Differences between the two simulated bars are the policy's; the first bar "
                 "is what the run measured.", className="gl-note"),
                 _loading(html.Div(id="whatif-form")), _loading(html.Div(id="whatif-body"))])
-        return nav, html.Div([head, store_id, _loading(html.Div(id=f"{page}-body"))])
+        return html.Div([head, bar, pages.checkpoints_controls(
+            query, data.config.gpu_hour_price), store_id,
+                         _loading(html.Div(id=f"{page}-body"))])
 
-    @app.callback(Output("runs-body", "children"), Input("tick", "n_intervals"),
-                  Input("url", "pathname"))
-    def runs_page(_: Any, pathname: str | None) -> Any:
-        return pages.runs_body(data.runs())
+    runs_view.register_runs_callbacks(app, data)
 
 
 def _register_run_pages(app: dash.Dash, data: RunData) -> None:
@@ -122,24 +122,38 @@ def _register_run_pages(app: dash.Dash, data: RunData) -> None:
             v = data.version(run_id)
             if v is None:
                 return (pages.not_found(f"run {run_id!r} is gone"), *(NO,) * n)
+            # what is shown: the run's version and the controls it was drawn for (a redraw
+            # for a control that the browser dropped, superseded by a timer tick, is then
+            # made by the next tick instead of never)
+            key = [*v, *values]
             live = dash.ctx.triggered_id == "tick"
-            if shown is not None and list(v) == list(shown) and live:
+            if shown is not None and key == list(shown) and live:
                 return (NO,) * (n + 1)
-            return (*_to_graphs(outputs, build(run_id, *values), live), list(v))
+            return (*_to_graphs(outputs, build(run_id, *values), live), key)
 
-    refreshing("checkpoints", [Output("checkpoints-body", "children")],
-               lambda r: (pages.checkpoints_body(data.checkpoints(r)),))
+    def checkpoints(run_id: str, since: str | None, until: str | None, price: Any,
+                    retained: Any) -> tuple:
+        keep = int(retained) if retained is not None and float(retained) >= 1 else 2
+        return (pages.checkpoints_body(data.checkpoints(
+            run_id, since or "", until or "", None if price is None else float(price),
+            keep)),)
+    refreshing("checkpoints", [Output("checkpoints-body", "children")], checkpoints,
+               (Input("win-since", "value"), Input("win-until", "value"),
+                Input("ckpt-price", "value"), Input("ckpt-retained", "value")))
 
     # the overview's graphs stay mounted and get new figures (a live redraw keeps zoom);
     # its exclusion checklist takes named parts out of the wall-clock (report --exclude)
-    def overview(run_id: str, exclude: list[str] | None) -> tuple:
-        parts = pages.overview_parts(data.overview(run_id, tuple(exclude or ())))
+    def overview(run_id: str, exclude: list[str] | None, since: str | None,
+                 until: str | None) -> tuple:
+        parts = pages.overview_parts(data.overview(run_id, tuple(exclude or ()),
+                                                   since or "", until or ""))
         return tuple(parts[i] for i in (*pages.OVERVIEW_DIVS, *pages.OVERVIEW_GRAPHS,
                                         "overview-exclude"))
     refreshing("overview", [Output(i, "children") for i in pages.OVERVIEW_DIVS]
                + [Output(f"{i}-next", "data") for i in pages.OVERVIEW_GRAPHS]
                + [Output("overview-exclude", "options")], overview,
-               (Input("overview-exclude", "value"),))
+               (Input("overview-exclude", "value"), Input("win-since", "value"),
+                Input("win-until", "value")))
 
 
 def _register_ranks(app: dash.Dash, data: RunData) -> None:
@@ -181,8 +195,9 @@ def _register_ranks(app: dash.Dash, data: RunData) -> None:
 
 def _register_whatif(app: dash.Dash, data: RunData) -> None:
     """What-if: the form seeded from the run's calibration, and the comparison it asks for."""
-    @app.callback(Output("whatif-form", "children"), Input("url", "pathname"))
-    def whatif_form(pathname: str | None) -> Any:
+    @app.callback(Output("whatif-form", "children"), Input("url", "pathname"),
+                  State("url", "search"))
+    def whatif_form(pathname: str | None, search: str | None) -> Any:
         kind, run_id = parse_path(pathname)
         if kind != "whatif" or run_id is None:
             return NO
@@ -193,7 +208,7 @@ def _register_whatif(app: dash.Dash, data: RunData) -> None:
                           id="whatif-unavailable")
         if cal is None:
             return pages.not_found(f"run {run_id!r} is gone")
-        return pages.whatif_controls(cal)
+        return pages.whatif_controls(cal, parse_query(search))
 
     # every Input is a form control (they exist once the form is drawn; the URL is a State,
     # so the renderer never fires this with half its inputs missing)
@@ -201,7 +216,7 @@ def _register_whatif(app: dash.Dash, data: RunData) -> None:
                   Input("whatif-interval", "value"), Input("whatif-mode", "value"),
                   Input("whatif-elastic", "value"), Input("whatif-spares", "value"),
                   Input("whatif-evict", "value"), State("url", "pathname"))
-    def whatif_page(interval_min: Any, mode: str, elastic: str, spares: Any,
+    def whatif_page(interval: Any, mode: str, elastic: str, spares: Any,
                     evict: list[str] | None, pathname: str | None) -> Any:
         kind, run_id = parse_path(pathname)
         if kind != "whatif" or run_id is None:
@@ -213,7 +228,7 @@ def _register_whatif(app: dash.Dash, data: RunData) -> None:
         if cal is None:
             return pages.not_found(f"run {run_id!r} is gone")
         try:
-            changes = whatif_changes(cal.config, interval_min, mode, elastic, spares, evict)
+            changes = whatif_changes(cal.config, interval, mode, elastic, spares, evict)
         except ValueError as exc:
             return html.P(str(exc), className="gl-error", id="whatif-error")
         return pages.whatif_body(data.whatif(run_id, changes), cal)
@@ -231,16 +246,24 @@ def _loading(child: Any) -> Any:
     return dcc.Loading(child, delay_show=600)
 
 
-def whatif_changes(base: Any, interval_min: Any, mode: str | None, elastic: str | None,
+def whatif_changes(base: Any, interval: Any, mode: str | None, elastic: str | None,
                    spares: Any, evict: list[str] | None) -> dict[str, Any]:
     """The what-if form as SimConfig changes (only fields that differ from ``base``);
-    ValueError with what to fix for a value the simulator would refuse."""
+    ValueError with what to fix for a value the simulator would refuse. ``interval`` is a
+    duration (``11m 04s``, ``90s``, ``1h30m``; a bare number is seconds)."""
+    from goodlens.model.units import format_duration, parse_duration
     changes: dict[str, Any] = {}
-    if interval_min is None or not float(interval_min) >= 0.1:
-        raise ValueError("enter a checkpoint interval of at least 0.1 minutes")
-    interval = round(float(interval_min) * 60, 3)
-    if abs(interval - base.interval_s) > 0.01 * 60:
-        changes["interval_s"] = interval
+    try:
+        seconds = parse_duration(interval) if interval not in (None, "") else None
+    except ValueError:
+        seconds = None
+    if seconds is None or not seconds >= 6:
+        raise ValueError("enter a checkpoint interval of at least 6s (e.g. 11m 04s, 90s)")
+    interval_s = round(seconds, 3)
+    # the box shows the interval to the second: a value shown unchanged is no change
+    if format_duration(interval_s) != format_duration(base.interval_s) and \
+            abs(interval_s - base.interval_s) > 0.5:
+        changes["interval_s"] = interval_s
     if mode and mode != base.ckpt_mode:
         changes["ckpt_mode"] = mode
     if elastic and elastic != base.elastic:

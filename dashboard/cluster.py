@@ -18,28 +18,12 @@ import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
 from plotly.subplots import make_subplots
 
+from goodlens.analysis.clusterrows import cluster_rows, format_delta, format_value
 from goodlens.dashboard.figures import BUCKET_COLORS, label
-from goodlens.model.units import format_duration
 
 DEFAULT_A = {"gang": True, "topo": False, "fair": False, "preempt": "none", "spares": 0}
 DEFAULT_B = {"gang": True, "topo": True, "fair": True, "preempt": "ckpt", "spares": 8}
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
-_METRICS = [  # key, label, kind (share, seconds, count)
-    ("utilisation", "utilisation (nodes allocated)", "share"),
-    ("goodput_weighted_utilisation", "goodput-weighted utilisation", "share"),
-    ("useful_utilisation", "useful utilisation (new work)", "share"),
-    ("jobs_done", "jobs done", "count"),
-    ("mean_wait_s", "mean queue wait", "seconds"),
-    ("p95_wait_s", "95th percentile wait", "seconds"),
-    ("longest_starvation_s", "longest starvation", "seconds"),
-    ("mean_turnaround_s", "mean turnaround", "seconds"),
-    ("preemptions", "preemptions", "count"),
-    ("preemption_loss_node_s", "work lost to preemption (node-h)", "node_h"),
-    ("mean_topology_penalty", "mean topology penalty (step time)", "share"),
-    ("held_idle_node_s", "nodes held idle by partial grants (node-h)", "node_h"),
-    ("spare_swaps", "spare swaps", "count"),
-    ("failures", "node failures", "count"),
-]
 
 
 def policy_spec(side: dict[str, Any]) -> str:
@@ -66,43 +50,33 @@ class CompareCache:
 
 
 def fmt_metric(value: float | None, kind: str) -> str:
-    """A metric as the table shows it."""
-    if value is None:
-        return "n/a"
-    if kind == "share":
-        return f"{100 * value:.1f}%"
-    if kind == "seconds":
-        return format_duration(value)
-    if kind == "node_h":
-        return f"{value / 3600:,.0f}"
-    return f"{value:,.0f}"
+    """A metric as the table shows it (the CLI's way: :mod:`goodlens.analysis.clusterrows`)."""
+    return format_value(value, kind)
 
 
 def metric_rows(result: dict[str, Any]) -> list[list[str]]:
-    """Rows of the side-by-side table: metric, A, B, B - A."""
-    by = {m["metric"]: m for m in result["metrics"]}
-    rows = []
-    for key, name, kind in _METRICS:
-        m = by.get(key)
-        if m is None:
-            continue
-        rows.append([name, fmt_metric(m["a"], kind), fmt_metric(m["b"], kind),
-                     fmt_delta(m["delta"], kind)])
-    return rows
+    """Rows of the side-by-side table: metric, A, B, B - A; the same rows, names and order
+    as ``goodlens simulate cluster --compare`` (:data:`CLUSTER_ROWS`)."""
+    return [[r["label"], r["a"], r["b"], r["delta"]]
+            for r in cluster_rows(result["a"]["cluster"], result["b"]["cluster"])]
 
 
 def fmt_delta(d: float | None, kind: str) -> str:
     """B - A: signed, ``0`` when equal, shares in percentage points."""
-    if d is None:
-        return "n/a"
-    if abs(d) < 1e-12 or (kind == "share" and abs(100 * d) < 0.05):
-        return "0"
-    sign = "+" if d > 0 else "-"
-    if kind == "share":
-        return f"{sign}{100 * abs(d):.1f} pp"
-    if kind == "seconds":
-        return sign + format_duration(abs(d))
-    return sign + fmt_metric(abs(d), kind)
+    return "-" if d is None else format_delta(0.0, d, kind)
+
+
+def side_from_spec(spec: str | None, default: dict[str, Any]) -> dict[str, Any]:
+    """The form's levers from a policy string (:func:`policy_spec`'s form, as a shared
+    link carries it); ``default`` for a missing or unreadable one."""
+    if not spec:
+        return dict(default)
+    parts = {p.strip() for p in spec.split(",") if p.strip()}
+    spares = next((p.split("=", 1)[1] for p in parts if p.startswith("spares=")), "0")
+    return {"gang": "partial" not in parts, "topo": "topo" in parts, "fair": "fair" in parts,
+            "preempt": "ckpt" if "ckpt-preempt" in parts else
+            "kill" if "kill-preempt" in parts else "none",
+            "spares": int(spares) if spares.isdigit() else 0}
 
 
 def node_hours_figure(result: dict[str, Any]) -> go.Figure:
@@ -191,9 +165,13 @@ def _side(prefix: str, title: str, d: dict[str, Any]) -> html.Div:
     ], className="gl-card")
 
 
-def cluster_layout() -> html.Div:
-    """The form (preset, seed, two policy sets) and the result area."""
+def cluster_layout(query: dict[str, str] | None = None) -> html.Div:
+    """The form (preset, seed, two policy sets: from the URL's ``preset``, ``seed``, ``a``
+    and ``b`` when given) and the result area."""
     from goodlens.analysis.clustersim.config import CLUSTER_PRESETS
+    q = query or {}
+    preset = q.get("preset") if q.get("preset") in CLUSTER_PRESETS else "demo-256"
+    seed = int(q["seed"]) if q.get("seed", "").isdigit() else 0
     return html.Div([
         html.H2("Cluster what-if: two scheduling policy sets"),
         html.P("The same simulated cluster, jobs and node failures under two policy sets "
@@ -201,14 +179,15 @@ def cluster_layout() -> html.Div:
                "is outside a job's wall-clock.", className="gl-note"),
         html.Div([
             html.Div([html.Label("cluster "), dcc.Dropdown(
-                id="cluster-preset", value="demo-256", clearable=False,
+                id="cluster-preset", value=preset, clearable=False,
                 options=[{"label": f"{k}: {v.describe()}", "value": k}
                          for k, v in CLUSTER_PRESETS.items()],
                 style={"width": "48em"})]),
             html.Div([html.Label("seed "), dcc.Input(id="cluster-seed", type="number",
-                                                    value=0, step=1, debounce=True)]),
+                                                    value=seed, step=1, debounce=True)]),
         ], className="gl-controls"),
-        html.Div([_side("cluster-a", "A", DEFAULT_A), _side("cluster-b", "B", DEFAULT_B)],
+        html.Div([_side("cluster-a", "A", side_from_spec(q.get("a"), DEFAULT_A)),
+                  _side("cluster-b", "B", side_from_spec(q.get("b"), DEFAULT_B))],
                  className="gl-compare"),
         dcc.Loading(html.Div(id="cluster-body")),
     ])

@@ -23,6 +23,8 @@ import pandas as pd
 from goodlens.analysis.accounting import account_run
 from goodlens.analysis.checkpoints import checkpoint_table
 from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stored_findings
+from goodlens.analysis.window import resolve_window
+from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
@@ -50,6 +52,9 @@ class DashConfig:
     """Monte Carlo trials per what-if (the same seeds for the baseline and the change)."""
     series_points: int = 150
     """Points of the rolling goodput curve."""
+    gpu_hour_price: float | None = None
+    """Price of one GPU-hour (any currency) for the checkpoint costs; a page's ``?price=``
+    overrides it (``goodlens serve --gpu-hour-price`` sets it)."""
     live_detection: bool = False
     """A live detector runs in this process (``goodlens serve``): its stored findings are
     the answer, and no batch scan is made for runs it has not flagged."""
@@ -101,40 +106,68 @@ class RunData:
         return value
 
     # -- pages ---------------------------------------------------------------
-    def runs(self) -> list[dict[str, Any]]:
-        """The runs list: id, state, ranks, GPUs, attempts, steps, start, duration, goodput."""
-        df = self.store.runs()
-        out = []
-        for r in df.to_dict("records"):
-            v = (int(r.get("steps") or 0), _f(r.get("last_time")), int(r.get("attempts") or 0),
-                 str(r.get("state")))
-            gp = self._cached(("goodput", r["run_id"], v), lambda rid=r["run_id"]: _goodput(
-                self.store, rid))
-            start, last = _f(r.get("start")), _f(r.get("last_time"))
-            ws, gpr = r.get("world_size"), r.get("gpus_per_rank")
-            out.append({"run_id": r["run_id"], "name": r.get("name"), "state": r.get("state"),
-                        "ranks": _int(ws), "gpus": (_int(ws) or 0) * (_int(gpr) or 1) or None,
-                        "attempts": int(r.get("attempts") or 0),
-                        "steps": int(r.get("steps") or 0), "start": start,
-                        "duration_s": (last - start) if not (math.isnan(start)
-                                                             or math.isnan(last)) else None,
-                        "goodput": gp})
-        return out
+    def runs(self, limit: int | None = None, offset: int = 0, sort: str = "start",
+             descending: bool = True, state: str | None = None, text: str | None = None
+             ) -> tuple[list[dict[str, Any]], int]:
+        """A page of the runs list (sorted and filtered by the store) and how many runs
+        match: id, state, ranks, GPUs, attempts, steps, start, duration, goodput. A run no
+        collector has accounted yet (a file of imported traces) gets its goodput computed
+        here (cached): for the rows of the page, or, sorting by goodput, for every run that
+        matches, since the order depends on all of them."""
+        kw = {"sort": sort, "descending": descending, "state": state, "text": text}
+        df, total = self.store.runs_page(limit=limit, offset=offset, **kw)
+        rows = [self._run_row(r) for r in df.to_dict("records")]
+        if sort == "goodput" and any(r["stored_goodput"] is None for r in rows):
+            rows = [self._run_row(r) for r in self.store.runs_page(**kw)[0].to_dict("records")]
+            known = sorted((r for r in rows if r["goodput"] is not None),
+                           key=lambda r: r["goodput"], reverse=descending)
+            rows = (known + [r for r in rows if r["goodput"] is None])[
+                offset:None if limit is None else offset + limit]
+        return rows, total
 
-    def overview(self, run_id: str, exclude: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    def _run_row(self, r: dict[str, Any]) -> dict[str, Any]:
+        v = (int(r.get("steps") or 0), _f(r.get("last_time")), int(r.get("attempts") or 0),
+             str(r.get("state")))
+        stored = None if is_missing(r.get("goodput")) else float(r["goodput"])
+        gp = stored if stored is not None else self._cached(
+            ("goodput", r["run_id"], v), lambda: _goodput(self.store, r["run_id"]))
+        start, last = _f(r.get("start")), _f(r.get("last_time"))
+        ws, gpr = r.get("world_size"), r.get("gpus_per_rank")
+        wall = None if is_missing(r.get("wall_clock_s")) else float(r["wall_clock_s"])
+        return {"run_id": r["run_id"], "name": r.get("name"), "state": r.get("state"),
+                "ranks": _int(ws), "gpus": (_int(ws) or 0) * (_int(gpr) or 1) or None,
+                "attempts": int(r.get("attempts") or 0), "steps": int(r.get("steps") or 0),
+                "start": start, "duration_s": wall if wall is not None else (
+                    (last - start) if not (math.isnan(start) or math.isnan(last)) else None),
+                "goodput": gp, "stored_goodput": stored}
+
+    def overview(self, run_id: str, exclude: tuple[str, ...] = (), since: str = "",
+                 until: str = "") -> dict[str, Any] | None:
         """Headline, breakdown, per-attempt rows, rolling goodput and the timeline's data;
-        ``exclude``: named parts taken out of the wall-clock (as ``report --exclude``)."""
+        ``exclude``: named parts taken out of the wall-clock (as ``report --exclude``);
+        ``since``/``until``: the window the breakdown covers, as ``report --since --until``
+        reads them (the attempts table stays the whole run's, as the report's)."""
         v = self.version(run_id)
         if v is None:
             return None
         ex = tuple(sorted({x for x in exclude if x}))
-        return self._cached(("overview", run_id, v, ex), lambda: self._overview(run_id, ex))
+        return self._cached(("overview", run_id, v, ex, since or "", until or ""),
+                            lambda: self._overview(run_id, ex, since or "", until or ""))
 
-    def _overview(self, run_id: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _overview(self, run_id: str, exclude: tuple[str, ...] = (), since: str = "",
+                  until: str = "") -> dict[str, Any]:
         acc = account_run(self.store, run_id)
-        rep = acc.breakdown(exclude=exclude).as_dict()
+        try:
+            lo, hi = resolve_window(since, until, acc.start, acc.end)
+            error = None
+        except ValueError as exc:
+            lo = hi = None
+            error = str(exc)
+        rep = acc.breakdown(lo, hi, exclude=exclude).as_dict()
         rep["attempts"] = [b.as_dict() for b in acc.by_attempt(exclude)]
         rep["excludable"] = excludable(acc.breakdown().as_dict())
+        rep["window"] = {"since": lo, "until": hi, "error": error, "run_start": acc.start,
+                         "run_end": acc.end}
         series = acc.goodput_series(points=self.config.series_points, exclude=exclude)
         events = self.store.events(run_id, kinds=[
             EventKind.FAILURE_DETECTED, EventKind.ATTEMPT_END, EventKind.PREEMPTED,
@@ -144,21 +177,85 @@ class RunData:
                 "series": series, "attempts": self.store.attempts(run_id),
                 "events": _timeline_events(events)}
 
-    def checkpoints(self, run_id: str) -> dict[str, Any] | None:
-        """Each checkpoint's stall, write time and size; the measured plan."""
+    def compare(self, items: list[str]) -> list[dict[str, Any]]:
+        """Breakdowns side by side: each item is a run id, or ``RUN@ATTEMPT`` for one
+        attempt of it (as ``report``'s ``attempts`` rows). An item naming nothing comes back
+        with ``error`` set."""
+        out = []
+        for item in items:
+            run_id, _, att = item.rpartition("@") if "@" in item else (item, "", "")
+            v = self.version(run_id)
+            if v is None or (att and not att.isdigit()):
+                out.append({"item": item, "error": f"no run {run_id!r}" if v is None
+                            else f"not an attempt: {att!r}"})
+                continue
+
+            def build(r: str = run_id, a: str = att) -> dict[str, Any]:
+                acc = account_run(self.store, r)
+                try:
+                    b = acc.breakdown(attempt=int(a) if a else None)
+                except KeyError as exc:
+                    return {"error": str(exc).strip("'\"")}
+                return b.as_dict()
+            out.append({"item": item, "run": run_id,
+                        "attempt": int(att) if att else None,
+                        **self._cached(("compare", run_id, v, att), build)})
+        return out
+
+    def compare_choices(self) -> list[tuple[str, str]]:
+        """What the comparison can pick: ``(value, label)`` for every run and each attempt of
+        a run with more than one."""
+        df = self.store.runs()
+        out = []
+        for r in df.to_dict("records"):
+            rid = str(r["run_id"])
+            out.append((rid, rid))
+            n = int(r.get("attempts") or 0)
+            if n > 1:
+                att = self.store.attempts(rid)
+                out += [(f"{rid}@{int(a)}", f"{rid}, attempt {int(a)}") for a in att.attempt]
+        return out
+
+    def checkpoints(self, run_id: str, since: str = "", until: str = "",
+                    price: float | None = None, retained: int = 2) -> dict[str, Any] | None:
+        """Each checkpoint's stall, write time and size (those starting in the window), what
+        they cost (GPU-hours, money at ``price`` per GPU-hour, bandwidth, storage for
+        ``retained`` copies) and the measured plan."""
         v = self.version(run_id)  # the plan reads the wall-clock: it follows the clock too
         if v is None:
             return None
-        return self._cached(("checkpoints", run_id, v), lambda: self._checkpoints(run_id))
+        price = self.config.gpu_hour_price if price is None else price
+        return self._cached(("checkpoints", run_id, v, since, until, price, retained),
+                            lambda: self._checkpoints(run_id, since, until, price, retained))
 
-    def _checkpoints(self, run_id: str) -> dict[str, Any]:
+    def _checkpoints(self, run_id: str, since: str = "", until: str = "",
+                     price: float | None = None, retained: int = 2) -> dict[str, Any]:
+        from goodlens.analysis.ckptcost import run_checkpoint_cost
         from goodlens.analysis.measured import measure_run
         table = checkpoint_table(self.store.events(run_id, kinds=[
             EventKind.CKPT_SAVE_START, EventKind.CKPT_SAVE_BLOCKING_END,
             EventKind.CKPT_SAVE_DURABLE_END]))
         m = measure_run(self.store, run_id)
-        return {"run": run_id, "table": table, "measured": m.as_dict(),
-                "sentence": m.sentence()}
+        error = None
+        if (since or until) and len(table):
+            try:
+                info = self.store.run(run_id) or {}
+                first = np.nanmin([float(table.start.min()), _f(info.get("start"))])
+                last = np.nanmax([float(table.start.max()), _f(info.get("last_time"))])
+                lo, hi = resolve_window(since, until, float(first), float(last))
+                keep = np.ones(len(table), dtype=bool)
+                if lo is not None:
+                    keep &= table.start.to_numpy(float) >= lo
+                if hi is not None:
+                    keep &= table.start.to_numpy(float) <= hi
+                table = table[keep].reset_index(drop=True)
+            except ValueError as exc:
+                error = str(exc)
+        md = m.as_dict()
+        cost = run_checkpoint_cost(table, md["gpus"], md.get("interval_s"), retained, price,
+                                   md)
+        return {"run": run_id, "table": table, "measured": md, "cost": cost,
+                "window_error": error}
 
     def ranks(self, run_id: str, attempt: int | None = None, whole: bool = False
               ) -> dict[str, Any] | None:

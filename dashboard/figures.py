@@ -20,8 +20,12 @@ from goodlens.model.units import format_duration
 BUCKET_COLORS = {"productive": "#2ca02c", "straggler_wait": "#ff7f0e",
                  "checkpoint_stall": "#1f77b4", "recompute": "#d62728", "restart": "#9467bd",
                  "other": "#7f7f7f"}
-RESTART_COLORS = {"detection": "#6a3d9a", "queue": "#8c6bb1", "init": "#9e9ac8",
-                  "restore": "#bcbddc", "warmup": "#cbc9e2", "unattributed": "#dadaeb"}
+# restart's parts: purple for the waiting, then distinct hues for the start-up steps (warm-up
+# and restore used to be two near-identical lilacs)
+RESTART_COLORS = {"detection": "#54278f", "queue": "#9e9ac8", "init": "#e7298a",
+                  "restore": "#1b9e77", "warmup": "#e6ab02", "unattributed": "#dadaeb"}
+#: Shades of grey for the named parts of "other" (eval, a custom label, since the last step).
+OTHER_SHADES = ("#525252", "#969696", "#bdbdbd", "#d9d9d9", "#737373", "#f0f0f0")
 EVENT_STYLE = {  # kind: (label, colour, marker symbol)
     EventKind.FAILURE_DETECTED: ("failure", "#d62728", "x"),
     EventKind.ATTEMPT_END: ("attempt ended", "#d62728", "x-thin"),
@@ -70,8 +74,9 @@ def _time_unit(seconds: float) -> tuple[str, float]:
 
 
 def breakdown_figure(report: dict[str, Any]) -> go.Figure:
-    """Where the wall-clock went: one stacked bar per bucket row, restart split into its
-    parts, in hours (minutes or seconds for short runs), each share of wall-clock on hover."""
+    """Where the wall-clock went: one stacked bar per bucket row, restart and other split
+    into their parts, in hours (minutes or seconds for short runs), each share of wall-clock
+    on hover. The legend lists the rows top to bottom, as the bars are drawn."""
     wall = report.get("wall_clock_s") or 0.0
     if not wall > 0:
         return empty_figure("no wall-clock yet")
@@ -79,27 +84,46 @@ def breakdown_figure(report: dict[str, Any]) -> go.Figure:
     fig = go.Figure(layout=_LAYOUT)
     rows = [label(b) for b in BUCKETS]
     for b in BUCKETS:
-        if b == "restart":
+        parts = _parts(report, b)
+        if parts is None:
+            v = report["buckets"].get(b)
+            fig.add_bar(y=[label(b)], x=[(v or 0) / per], orientation="h", name=label(b),
+                        marker_color=BUCKET_COLORS[b],
+                        hovertemplate=f"{label(b)}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>")
             continue
-        v = report["buckets"].get(b)
-        fig.add_bar(y=[label(b)], x=[(v or 0) / per], orientation="h", name=label(b),
-                    marker_color=BUCKET_COLORS[b],
-                    hovertemplate=f"{label(b)}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>")
-    for p in RESTART_PARTS:
-        v = report["restart_parts"].get(p, 0.0)
-        if not v:
-            continue
-        fig.add_bar(y=["restart"], x=[v / per], orientation="h", name=f"restart: {p}",
-                    marker_color=RESTART_COLORS[p],
-                    hovertemplate=f"restart, {p}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>")
+        for p, v, colour in parts:
+            fig.add_bar(y=[label(b)], x=[v / per], orientation="h", name=f"{label(b)}: {p}",
+                        marker_color=colour, hovertemplate=(
+                            f"{label(b)}, {p}: {_fmt(v)} ({_pct(v, wall)})<extra></extra>"))
     fig.update_layout(barmode="stack", height=300, xaxis_title=unit,
                       yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
-                      legend={"orientation": "h", "y": -0.25}, title="Where the wall-clock went")
+                      legend={"orientation": "h", "y": -0.25, "traceorder": "normal"},
+                      title="Where the wall-clock went")
     return fig
 
 
-def goodput_series_figure(series: pd.DataFrame) -> go.Figure:
-    """Rolling goodput over the run: each bucket's share of the trailing window, stacked."""
+def _parts(report: dict[str, Any], bucket: str) -> list[tuple[str, float, str]] | None:
+    """The named parts a bucket's bar is split into (restart's and other's), with colours;
+    None for a bucket drawn whole."""
+    if bucket == "restart":
+        return [(p, v, RESTART_COLORS[p]) for p in RESTART_PARTS
+                if (v := report["restart_parts"].get(p, 0.0))]
+    if bucket == "other" and report.get("other_parts"):
+        return [(p, v, OTHER_SHADES[i % len(OTHER_SHADES)])
+                for i, (p, v) in enumerate(report["other_parts"].items()) if v]
+    return None
+
+
+def time_range(lo: float, hi: float) -> list[str]:
+    """An x-axis range of epoch seconds as the figures' time strings (the overview's rolling
+    goodput and timeline share it, so they line up)."""
+    return list(_times([lo, hi]))
+
+
+def goodput_series_figure(series: pd.DataFrame, x_range: list[str] | None = None
+                          ) -> go.Figure:
+    """Rolling goodput over the run: each bucket's share of the trailing window, stacked,
+    on the time axis ``x_range`` (the timeline's); zooming it sets the page's window."""
     if not len(series):
         return empty_figure("not enough data for a rolling goodput yet")
     fig = go.Figure(layout=_LAYOUT)
@@ -109,24 +133,36 @@ def goodput_series_figure(series: pd.DataFrame) -> go.Figure:
                         line={"width": 0.5, "color": BUCKET_COLORS[b]},
                         hovertemplate=f"{label(b)}: %{{y:.1f}}%<extra></extra>")
     fig.update_layout(height=300, yaxis={"title": "% of window", "range": [0, 100]},
-                      title="Goodput over time (rolling window)", hovermode="x unified",
-                      legend={"orientation": "h", "y": -0.2})
+                      title="Goodput over time (rolling window; drag to pick a window)",
+                      hovermode="x unified",
+                      legend={"orientation": "h", "y": -0.2, "traceorder": "normal"})
+    if x_range:
+        fig.update_xaxes(range=x_range, autorange=False)
     return fig
 
 
-def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float) -> go.Figure:
-    """Attempts as bars on a time axis, and the job's events as markers above them:
-    failures with their cause, checkpoints, evictions, resizes, flagged stragglers."""
+def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float,
+                    x_range: list[str] | None = None) -> go.Figure:
+    """Attempts as bars on a time axis (``x_range``: the rolling goodput's), and the job's
+    events as markers above them: failures with their cause, checkpoints, evictions,
+    resizes, flagged stragglers. Consecutive attempts alternate colours and each starts at a
+    tick with its number, so attempts that touch still read as two."""
     if not len(attempts):
         return empty_figure("no attempt yet")
     fig = go.Figure(layout=_LAYOUT)
-    for a in attempts.itertuples():
+    shades = {False: ("#9ecae1", "#4292c6"), True: ("#74c476", "#238b45")}
+    for i, a in enumerate(attempts.itertuples()):
         a_end = a.end if a.end == a.end and a.end is not None else (
             a.last_activity if a.last_activity == a.last_activity else end)
         reason = a.end_reason if isinstance(a.end_reason, str) else "running"
-        fig.add_scatter(x=_times([a.start, a_end]), y=["attempts", "attempts"], mode="lines",
-                        line={"width": 18, "color": "#9ecae1" if reason != "running"
-                              else "#74c476"}, showlegend=False,
+        colour = shades[reason == "running"][i % 2]
+        fig.add_scatter(x=_times([a.start, a_end]), y=["attempts", "attempts"],
+                        mode="lines+markers+text", name=f"attempt {a.attempt}",
+                        line={"width": 18, "color": colour},
+                        marker={"symbol": "line-ns", "size": 26, "color": "#08306b",
+                                "line": {"width": 2, "color": "#08306b"}, "opacity": [1, 0]},
+                        text=[f"  {a.attempt}", ""], textposition="middle right",
+                        textfont={"color": "#08306b"}, showlegend=False,
                         hovertemplate=(f"attempt {a.attempt}: {format_duration(a_end - a.start)}"
                                        f", {reason}<extra></extra>"))
     for kind, (name, colour, symbol) in EVENT_STYLE.items():
@@ -140,6 +176,8 @@ def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float) ->
                         text=text, hovertemplate="%{text}<extra></extra>")
     fig.update_layout(height=120 + 28 * (1 + len(EVENT_STYLE)), title="Attempts and events",
                       showlegend=False, yaxis={"type": "category"})
+    if x_range:
+        fig.update_xaxes(range=x_range, autorange=False)
     return fig
 
 
@@ -231,10 +269,12 @@ def checkpoint_figure(table: pd.DataFrame) -> go.Figure:
     if table["bytes"].notna().any():
         fig.add_scatter(x=t, y=table["bytes"] / 1e9, mode="lines+markers", name="size (GB)",
                         yaxis="y2", line={"color": "#bbb"})
+        # from zero, so the ticks are round numbers (a narrow auto range gave 19.8, 20.415...)
         fig.update_layout(yaxis2={"title": "GB", "overlaying": "y", "side": "right",
-                                  "showgrid": False})
+                                  "showgrid": False, "rangemode": "tozero", "tickmode": "auto",
+                                  "nticks": 6})
     fig.update_layout(height=340, yaxis_title="seconds", title="Checkpoints",
-                      legend={"orientation": "h", "y": -0.25})
+                      legend={"orientation": "h", "y": -0.25, "traceorder": "normal"})
     return fig
 
 
@@ -246,20 +286,34 @@ def interval_figure(measured: dict[str, Any]) -> go.Figure:
     if not (c and m and r is not None and c < m):
         return empty_figure("needs at least one failure and one checkpoint to plan")
     plan = interval_plan(c, m, restart_cost_s=min(r, m * 0.99))
-    xs = np.geomspace(max(c * 0.5, 1.0), max(2 * (m - r), c * 2), 120)
-    ys = [100 * plan.expected_goodput(x) for x in xs]
+    run_i = measured.get("interval_s")
+    marks = [x for x in (run_i, plan.best_interval_s) if x]
+    # around the two marks (a decade either way), not the whole feasible span: the curve
+    # then fills the plot instead of a sliver of it
+    lo_x = max(min(marks) / 8, c * 0.5, 1.0)
+    hi_x = max(min(max(marks) * 8, max(2 * (m - r), c * 2)), lo_x * 10)
+    xs = np.geomspace(lo_x, hi_x, 160)
+    ys = np.array([100 * plan.expected_goodput(x) for x in xs])
     fig = go.Figure(layout=_LAYOUT)
     fig.add_scatter(x=xs / 60, y=ys, mode="lines", name="expected goodput",
-                    line={"color": "#2ca02c"})
-    for name, x, colour in (("this run", measured.get("interval_s"), "#d62728"),
-                            ("best", plan.best_interval_s, "#2ca02c")):
+                    line={"color": "#2ca02c"},
+                    hovertemplate="every %{x:.1f} min: %{y:.2f}%<extra></extra>")
+    left = (run_i or 0) < plan.best_interval_s  # labels on the far sides: never overlap
+    for name, x, colour, side in (
+            ("this run", run_i, "#d62728", "left" if left else "right"),
+            ("best", plan.best_interval_s, "#2ca02c", "right" if left else "left")):
         if x:
             fig.add_scatter(x=[x / 60], y=[100 * plan.expected_goodput(x)], mode="markers+text",
-                            name=name, text=[name], textposition="top center",
-                            marker={"size": 12, "color": colour})
-    lo = max(100 * plan.best_goodput - 15, 0)
+                            name=name, text=[f"{name}: {format_duration(x)}"],
+                            textposition=f"top {side}", marker={"size": 12, "color": colour},
+                            hovertemplate=f"{name}: every {format_duration(x)}, "
+                            "%{y:.2f}%<extra></extra>")
+    finite = ys[np.isfinite(ys)]
+    top, bottom = float(finite.max()), float(max(finite.min(), 0.0))
+    pad = max(top - bottom, 0.5)
     fig.update_layout(height=320, xaxis={"title": "interval (minutes)", "type": "log"},
-                      yaxis={"title": "expected goodput %", "range": [lo, 100]},
+                      yaxis={"title": "expected goodput %",
+                             "range": [max(bottom - 0.05 * pad, 0), top + 0.25 * pad]},
                       title="Checkpoint interval: expected goodput", showlegend=False)
     return fig
 
@@ -283,7 +337,7 @@ def whatif_figure(result: dict[str, Any]) -> go.Figure:
     fig.update_layout(barmode="stack", height=380, yaxis={"title": "% of wall-clock",
                                                           "range": [0, 100]},
                       title="What-if: where the wall-clock would go",
-                      legend={"orientation": "h", "y": -0.2})
+                      legend={"orientation": "h", "y": -0.2, "traceorder": "normal"})
     return fig
 
 

@@ -7,18 +7,18 @@ element's ``title`` (the hover text): the page shows ``1h 31m``, the title ``548
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import quote
 
 from dash import dcc, html
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.analysis.findings import FINDING_COLUMNS, finding_cells
 from goodlens.dashboard import figures as fig
+from goodlens.dashboard.urlstate import PAGES
 from goodlens.model.jsonable import is_missing
 from goodlens.model.units import format_duration, format_instant
-
-PAGES = (("overview", "Overview"), ("ranks", "Ranks"), ("checkpoints", "Checkpoints"),
-         ("whatif", "What-if"))
 
 
 def run_href(run_id: str, page: str = "overview") -> str:
@@ -51,15 +51,20 @@ def _card(title: str, value: str, id: str, exact: str = "") -> html.Div:
                     className="gl-card")
 
 
-def nav(run_id: str | None, page: str) -> html.Div:
-    """The top bar: the runs list, and the run's pages when a run is open."""
+def nav(run_id: str | None, page: str, query: dict[str, str] | None = None) -> html.Div:
+    """The top bar: the runs list, and the run's pages when a run is open (their links keep
+    the view's window, price and refresh period: ``query``)."""
+    from goodlens.dashboard.urlstate import make_query, shared
+    keep = make_query(shared(query or {}))
     links = [dcc.Link("Runs", href="/", className="gl-nav-link"
                       + (" active" if page == "runs" else ""))]
     if run_id is not None:
         links.append(html.Span(f"run {run_id}", className="gl-nav-run"))
-        links += [dcc.Link(name, href=run_href(run_id, key), id=f"nav-{key}",
+        links += [dcc.Link(name, href=run_href(run_id, key) + keep, id=f"nav-{key}",
                            className="gl-nav-link" + (" active" if key == page else ""))
                   for key, name in PAGES]
+    links.append(dcc.Link("Compare runs", href="/compare", id="nav-compare",
+                          className="gl-nav-link" + (" active" if page == "compare" else "")))
     links.append(dcc.Link("Cluster what-if", href="/cluster", className="gl-nav-link"
                           + (" active" if page == "cluster" else "")))
     return html.Div(links, className="gl-nav")
@@ -72,8 +77,11 @@ def not_found(message: str) -> html.Div:
 
 
 # ---------------------------------------------------------------------------- runs
-def runs_body(runs: list[dict[str, Any]]) -> html.Div:
-    """The runs list: goodput, duration, GPUs, state, with a link to each run."""
+def runs_body(runs: list[dict[str, Any]], filtered: bool = False) -> html.Div:
+    """The runs list: goodput, duration, GPUs, state, with a link to each run
+    (``filtered``: the list is narrowed by a state or text filter)."""
+    if not runs and filtered:
+        return html.Div([html.P("No runs match these filters.", id="runs-empty")])
     if not runs:
         return html.Div([html.P("No runs yet.", id="runs-empty"),
                          html.P("Point an exporter at this collector's /v1/ingest, or load a "
@@ -104,6 +112,7 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
     the id of the element each fills (figures for the graphs)."""
     rep = d["report"]
     wall = rep["wall_clock_s"]
+    win = rep.get("window") or {}
     state = d["info"].get("state") if d.get("info") else ""
     cards = html.Div([
         _card("Goodput (wall-clock)", fig.pct(rep["goodput"]), "headline-goodput",
@@ -111,12 +120,18 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
         _card("Goodput (GPU-time)", fig.pct(rep["gpu_time_goodput"]), "headline-gpu-goodput",
               "" if rep["gpu_time_goodput"] is None else f"{rep['gpu_time_goodput']:.6f}"),
         _card("Wall-clock", _dur(wall), "headline-wall", f"{wall:.2f} s"),
+        _card("Window" if win.get("since") is not None or win.get("until") is not None
+              else "Whole run", f"{_utc(rep['start'])} to {_utc(rep['end'])}",
+              "headline-window", f"{rep['start']:.3f} {rep['end']:.3f}"),
         _card("Attempts", str(len(rep["attempts"])), "headline-attempts"),
         _state_card(state, rep),
         *([_card("Excluded", _dur(sum(rep["excluded"].values())), "headline-excluded",
                  ", ".join(f"{k} {v:.2f} s" for k, v in rep["excluded"].items()))]
           if rep.get("excluded") else []),
     ], className="gl-cards")
+    if win.get("error"):
+        cards = html.Div([html.P(f"Window not applied: {win['error']}.", className="gl-error",
+                                 id="window-error"), cards])
     rows, ids = [], []
     for b in BUCKETS:
         v = rep["buckets"][b]
@@ -126,14 +141,14 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
                      html.Td("" if v is None else fig.pct(v / wall if wall else 0.0),
                              id=f"bucket-{b}-share")])
         ids.append(f"row-{b}")
-        if b == "restart":
-            for p in RESTART_PARTS:
-                pv = rep["restart_parts"][p]
-                if pv:
-                    rows.append([html.Span(f"  {p}", className="gl-sub"),
-                                 html.Td(_dur(pv), title=f"{pv:.2f} s", id=f"restart-{p}"),
-                                 fig.pct(pv / wall if wall else 0.0)])
-                    ids.append(f"row-restart-{p}")
+        parts = {"restart": [(p, rep["restart_parts"][p]) for p in RESTART_PARTS],
+                 "other": list(rep.get("other_parts", {}).items())}.get(b, [])
+        for p, pv in parts:
+            if pv:
+                rows.append([html.Span(f"  {p}", className="gl-sub"),
+                             html.Td(_dur(pv), title=f"{pv:.2f} s", id=f"{b}-{p}"),
+                             fig.pct(pv / wall if wall else 0.0)])
+                ids.append(f"row-{b}-{p}")
     buckets = _table(["bucket", "time", "share"], rows, id="bucket-table", row_ids=ids)
     att_rows = [[a["attempt"], _utc(a["start"]), _dur(a["wall_clock_s"]), fig.pct(a["goodput"]),
                  _dur(a["buckets"]["restart"]), _dur(a["buckets"]["recompute"]),
@@ -142,11 +157,18 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
     attempts = _table(["attempt", "start", "wall-clock", "goodput", "restart", "recompute",
                        "steps kept", "steps redone"], att_rows, id="attempt-table")
     end = rep["end"] if rep["end"] is not None else 0.0
+    win = rep.get("window") or {}
+    x_range = None
+    if win.get("run_end") is not None and win["run_end"] > win["run_start"]:
+        x_range = fig.time_range(win["since"] if win.get("since") is not None
+                                 else win["run_start"],
+                                 win["until"] if win.get("until") is not None
+                                 else win["run_end"])
     return {"ov-cards": cards, "ov-buckets": buckets, "ov-attempts": attempts,
             "overview-exclude": _exclude_options(rep),
             "breakdown-graph": fig.breakdown_figure(rep),
-            "series-graph": fig.goodput_series_figure(d["series"]),
-            "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end)}
+            "series-graph": fig.goodput_series_figure(d["series"], x_range),
+            "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end, x_range)}
 
 
 def _exclude_options(rep: dict[str, Any]) -> list[dict[str, Any]]:
@@ -177,15 +199,19 @@ OVERVIEW_DIVS = ("ov-cards", "ov-buckets", "ov-attempts")
 OVERVIEW_GRAPHS = ("breakdown-graph", "series-graph", "timeline-graph")
 
 
-def overview_skeleton(parts: dict[str, Any] | None = None) -> html.Div:
-    """The overview's layout, empty or filled with :func:`overview_parts`."""
+def overview_skeleton(parts: dict[str, Any] | None = None, exclude: list[str] | None = None
+                      ) -> html.Div:
+    """The overview's layout, empty or filled with :func:`overview_parts`; ``exclude``: the
+    parts ticked at first (a shared link's)."""
     p = parts or {}
+    ticked = list(exclude or [])
+    options = p.get("overview-exclude") or [{"label": f" {x}", "value": x} for x in ticked]
 
     return html.Div([
         html.Div(p.get("ov-cards"), id="ov-cards"),
         html.Div([html.Span("Exclude from the wall-clock: ", className="gl-note"),
-                  dcc.Checklist(id="overview-exclude", options=p.get("overview-exclude", []),
-                                value=[], inline=True,
+                  dcc.Checklist(id="overview-exclude", options=options,
+                                value=ticked, inline=True,
                                 inputStyle={"margin-left": "1em"})],
                  id="ov-exclude", title="Take these parts out of the wall-clock entirely, "
                  "as `goodlens report --exclude` does (e.g. the scheduler's queue, a planned "
@@ -211,20 +237,27 @@ def attempt_options(attempts: list[int]) -> list[dict[str, Any]]:
             *({"label": str(a), "value": a} for a in attempts)]
 
 
-def ranks_controls() -> html.Div:
-    """Attempt picker, pooling and span of the heatmap (options filled by the callback)."""
+def ranks_controls(query: dict[str, str] | None = None) -> html.Div:
+    """Attempt picker, pooling and span of the heatmap (options filled by the callback),
+    seeded from the URL's ``attempt``, ``pool`` and ``span``."""
+    q = query or {}
+    attempt: Any = q.get("attempt", "latest")
+    attempt = int(attempt) if str(attempt).isdigit() else "latest"
     return html.Div([
         html.Label("attempt "), dcc.Dropdown(
-            id="ranks-attempt", options=attempt_options([]), value="latest", clearable=False,
+            id="ranks-attempt", value=attempt, clearable=False,
+            options=attempt_options([] if attempt == "latest" else [attempt]),
             style={"width": "8em", "display": "inline-block"}),
         html.Label(" cells show "), dcc.RadioItems(
             id="ranks-pool", options=[{"label": "the slowest rank", "value": "max"},
                                       {"label": "the mean", "value": "mean"}],
-            value="max", inline=True, style={"display": "inline-block"}),
+            value=q.get("pool") if q.get("pool") in ("max", "mean") else "max", inline=True,
+            style={"display": "inline-block"}),
         html.Label(" steps "), dcc.RadioItems(
             id="ranks-span", options=[{"label": "latest", "value": "latest"},
                                       {"label": "whole attempt", "value": "all"}],
-            value="latest", inline=True, style={"display": "inline-block"}),
+            value=q.get("span") if q.get("span") in ("latest", "all") else "latest",
+            inline=True, style={"display": "inline-block"}),
     ], className="gl-controls")
 
 
@@ -243,17 +276,13 @@ _FINDINGS_SOURCE = {
 def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
     """Heatmap, flagged stragglers with slowdown, cost and action, host and switch roll-up,
     by the id of the element each fills."""
-    f_rows = [[f"{f['subject_kind']} {f['subject_id']}", f.get("relative_to") or "",
-               _na(f.get("attempt")), f["first_step"], f["detected_step"],
-               html.Td(fig.pct(f["slowdown"]), title=f"{f['slowdown']:.4f}"),
-               _dur(f["straggler_wait_s"]), _dur(f["wait_per_hour_s"]),
-               html.Td(f["action"], className=f"gl-action-{f['action']}"),
-               f"{f['confidence']:.2f}",
-               "resolved" if f.get("status") == "resolved" else "open"]
-              for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0))]
-    findings = (_table(["subject", "slower than", "attempt", "from step", "detected at",
-                        "slowdown", "wait so far", "wait per hour", "action", "confidence",
-                        "state"], f_rows, id="findings-table")
+    f_rows = []
+    for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0)):
+        cells = finding_cells(f)
+        f_rows.append([html.Td(cells[k], title=f"{f['slowdown']:.4f}") if k == "slowdown" else
+                       html.Td(cells[k], className=f"gl-action-{f['action']}")
+                       if k == "action" else cells[k] for k, _ in FINDING_COLUMNS])
+    findings = (_table([h for _, h in FINDING_COLUMNS], f_rows, id="findings-table")
                 if f_rows else html.P("" if d["findings_source"] == "pending"
                                       else "No persistent straggler.", id="findings-none"))
     window = d.get("window")
@@ -296,66 +325,169 @@ def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
 
 
 # ---------------------------------------------------------------------------- checkpoints
-def checkpoints_body(d: dict[str, Any]) -> html.Div:
-    """Each checkpoint's stall, write time and size, the trend, and the interval plan."""
-    t, m = d["table"], d["measured"]
+def checkpoints_controls(query: dict[str, str], price: float | None = None) -> html.Div:
+    """The price of a GPU-hour (the URL's, else ``price``: ``serve --gpu-hour-price``) and
+    the copies kept: the costs' inputs, kept in the URL."""
+    from goodlens.dashboard.urlstate import number
+    retained = number(query, "retained")
+    given = number(query, "price")
+    return html.Div([
+        html.Label("price per GPU-hour "),
+        dcc.Input(id="ckpt-price", type="number", min=0, step="any", debounce=True,
+                  value=given if given is not None else price, placeholder="none",
+                  style={"width": "7em"}),
+        html.Label(" checkpoints kept on storage "),
+        dcc.Input(id="ckpt-retained", type="number", min=1, step=1, debounce=True,
+                  value=int(retained) if retained and retained >= 1 else 2,
+                  style={"width": "5em"}),
+    ], className="gl-controls")
 
-    def med(c: str) -> float | None:
-        return float(t[c].median()) if len(t) and t[c].notna().any() else None
+
+def _gb(v: float | None, per: float = 1e9, unit: str = "GB") -> str:
+    return "n/a" if is_missing(v) else f"{v / per:,.2f} {unit}"
+
+
+def _money(v: float | None) -> str:
+    return "n/a" if is_missing(v) else f"{v:,.2f}"
+
+
+def _gpuh(v: float | None) -> str:
+    return "n/a" if is_missing(v) else f"{v:,.{1 if v >= 10 else 3}f} GPU-h"
+
+
+def _exact(v: float | None) -> str:
+    return "" if is_missing(v) else repr(float(v))
+
+
+def checkpoint_advice(m: dict[str, Any]) -> str:
+    """The interval advice in words, with durations written as the cards write them."""
+    best, cur, gain = m.get("best_interval_s"), m.get("interval_s"), m.get("gain_points")
+    if best is None or cur is None or gain is None:
+        return ("not enough failures or checkpoints in this run to say which interval would "
+                "have been better")
+    verb = "recovered" if gain > 0 else "changed"
+    gh = m.get("gain_gpu_hours") or 0.0
+    return (f"checkpointing every {_dur(best)} instead of {_dur(cur)} would have {verb} "
+            f"{gain:.1f} points of goodput, {gh:,.{0 if gh >= 10 else 2}f} GPU-hours")
+
+
+def _cost_cards(c: dict[str, Any]) -> html.Div:
+    """What the checkpoints cost: per checkpoint and per day, bandwidth, storage, and what
+    the current interval loses against the best one (``goodlens plan checkpoint``'s
+    arithmetic: :func:`goodlens.analysis.ckptcost.run_checkpoint_cost`)."""
+    t = c.get("typical") or {}
+    gph, day = t.get("gpu_hours_per_checkpoint") or {}, t.get("gpu_hours_per_day") or {}
+    money, money_day = t.get("money_per_checkpoint") or {}, t.get("money_per_day") or {}
+    priced = c.get("price_per_gpu_hour") is not None
+    cards = [_card("Stall per checkpoint", _gpuh(gph.get("sync")), "ckpt-gpuh",
+                   _exact(gph.get("sync"))),
+             _card("Stall per day", _gpuh(day.get("sync")), "ckpt-gpuh-day",
+                   _exact(day.get("sync"))),
+             _card("Write bandwidth needed", _gb(c.get("write_bw_needed"), 1e9, "GB/s"),
+                   "ckpt-write-bw", _exact(c.get("write_bw_needed"))),
+             _card("Sustained (size / interval)", _gb(t.get("sustained_bw"), 1e9, "GB/s"),
+                   "ckpt-sustained-bw", _exact(t.get("sustained_bw"))),
+             _card(f"Storage for {c['retained']} copies", _gb(t.get("storage_bytes")),
+                   "ckpt-storage", _exact(t.get("storage_bytes"))),
+             _card("Current interval loses", _gpuh(c.get("loss_gpu_hours_per_day")) + "/day"
+                   if c.get("loss_gpu_hours_per_day") is not None else "n/a",
+                   "ckpt-loss-day", _exact(c.get("loss_gpu_hours_per_day")))]
+    if priced:
+        cards[1:1] = [_card("Cost per checkpoint", _money(money.get("sync")), "ckpt-money",
+                            _exact(money.get("sync"))),
+                      _card("Cost per day", _money(money_day.get("sync")), "ckpt-money-day",
+                            _exact(money_day.get("sync")))]
+        cards.append(_card("Loss per day (money)", _money(c.get("loss_money_per_day")),
+                           "ckpt-loss-money-day", _exact(c.get("loss_money_per_day"))))
+    return html.Div(cards, className="gl-cards", id="ckpt-costs")
+
+
+def checkpoints_body(d: dict[str, Any]) -> html.Div:
+    """Each checkpoint's stall, write time, size and cost, the trend, and the interval plan."""
+    t, m, c = d["table"], d["measured"], d.get("cost") or {}
+
+    def med(col: str) -> float | None:
+        return float(t[col].median()) if len(t) and t[col].notna().any() else None
     size = med("bytes")
     cards = html.Div([
         _card("Checkpoints", str(len(t)), "ckpt-count"),
         _card("Median stall", _dur(med("stall_s")) or "n/a", "ckpt-stall",
-              "" if med("stall_s") is None else f"{med('stall_s'):.3f} s"),
-        _card("Median write", _dur(med("write_s")) or "n/a", "ckpt-write"),
-        _card("Median size", "n/a" if size is None else f"{size / 1e9:,.2f} GB", "ckpt-size"),
-        _card("Interval", _dur(m.get("interval_s")) or "n/a", "ckpt-interval"),
-        _card("Best interval", _dur(m.get("best_interval_s")) or "n/a", "ckpt-best"),
+              _exact(med("stall_s"))),
+        _card("Median write", _dur(med("write_s")) or "n/a", "ckpt-write",
+              _exact(med("write_s"))),
+        _card("Median size", "n/a" if size is None else f"{size / 1e9:,.2f} GB", "ckpt-size",
+              _exact(size)),
+        _card("GPUs", f"{c.get('gpus', m.get('gpus')):,.0f}", "ckpt-gpus",
+              _exact(c.get("gpus", m.get("gpus")))),
+        _card("Interval", _dur(m.get("interval_s")) or "n/a", "ckpt-interval",
+              _exact(m.get("interval_s"))),
+        _card("Best interval", _dur(m.get("best_interval_s")) or "n/a", "ckpt-best",
+              _exact(m.get("best_interval_s"))),
     ], className="gl-cards")
-    last = t.tail(50).iloc[::-1]
-    rows = [[r.attempt, "" if is_missing(r.step) else int(r.step),
-             "" if is_missing(r.tier) else r.tier, _utc(r.start), _dur(r.stall_s), _dur(r.write_s),
-             "" if is_missing(r.bytes) else f"{r.bytes / 1e9:,.2f} GB"]
-            for r in last.itertuples()]
+    durable = len(t) and t.write_s.notna().any()
+    rows = []
+    cost_rows = c.get("rows") or [{}] * len(t)
+    for i in range(len(t) - 1, max(len(t) - 51, -1), -1):  # the latest 50, newest first
+        r, k = t.iloc[i], cost_rows[i] if i < len(cost_rows) else {}
+        write = (_dur(r.write_s) if not is_missing(r.write_s) else
+                 "not durable yet" if durable else "not reported")
+        rows.append([r.attempt, "" if is_missing(r.step) else int(r.step),
+                     "" if is_missing(r.tier) else r.tier, _utc(r.start), _dur(r.stall_s),
+                     write, "" if is_missing(r.bytes) else f"{r.bytes / 1e9:,.2f} GB",
+                     _gpuh(k.get("gpu_hours")), _money(k.get("money")),
+                     _gb(k.get("write_bw"), 1e9, "GB/s")])
     gain = m.get("gain_points")
     return html.Div([
-        cards,
-        html.P(d["sentence"], id="ckpt-recommendation",
+        *([html.P(f"Window not applied: {d['window_error']}.", className="gl-error")]
+          if d.get("window_error") else []),
+        cards, _cost_cards(c),
+        html.P(checkpoint_advice(m), id="ckpt-recommendation",
                className="gl-callout" + (" good" if gain and gain > 0.05 else "")),
         html.Div([html.Div(dcc.Graph(figure=fig.checkpoint_figure(t), id="ckpt-graph"),
                            className="gl-col-wide"),
                   html.Div(dcc.Graph(figure=fig.interval_figure(m), id="interval-graph"),
                            className="gl-col-wide")], className="gl-row"),
         html.H3(f"Latest checkpoints ({len(rows)} of {len(t)})"),
-        _table(["attempt", "step", "tier", "started", "stall", "write", "size"], rows,
-               id="ckpt-table"),
+        _table(["attempt", "step", "tier", "started", "stall", "write", "size", "stall GPU-h",
+                "stall cost", "write bandwidth"], rows, id="ckpt-table"),
     ])
 
 
 # ---------------------------------------------------------------------------- what-if
-def whatif_controls(cal: Any) -> html.Div:
-    """Controls seeded with the calibrated run's own values."""
-    c = cal.config
+def whatif_controls(cal: Any, query: dict[str, str] | None = None) -> html.Div:
+    """Controls seeded with the calibrated run's own values, or the URL's (``interval`` in
+    seconds, ``mode``, ``elastic``, ``spares``, ``evict``: a shared link's what-if)."""
+    from goodlens.dashboard.urlstate import number
+    c, q = cal.config, query or {}
+    interval = _duration(q.get("interval")) or c.interval_s
+    mode = q.get("mode") if q.get("mode") in ("sync", "async") else (
+        c.ckpt_mode if c.ckpt_mode in ("sync", "async") else "sync")
+    elastic = q.get("elastic") if q.get("elastic") in ("restart", "shrink", "spares") \
+        else c.elastic
+    spares = number(q, "spares")
+    evict = q.get("evict") in ("1", "true", "yes") if "evict" in q else c.evict_stragglers
     return html.Div([
-        html.Div([html.Label("checkpoint interval (minutes) "),
-                  dcc.Input(id="whatif-interval", type="number", min=0.1, step="any",
-                            value=round(c.interval_s / 60, 2), debounce=True)]),
+        html.Div([html.Label("checkpoint interval "),
+                  dcc.Input(id="whatif-interval", type="text", debounce=True,
+                            value=format_duration(interval), style={"width": "7em"}),
+                  html.Span(" (e.g. 11m 04s, 90s, 1h30m)", className="gl-note")]),
         html.Div([html.Label("saves "), dcc.RadioItems(
             id="whatif-mode", options=[{"label": "synchronous", "value": "sync"},
                                        {"label": "asynchronous", "value": "async"}],
-            value=c.ckpt_mode if c.ckpt_mode in ("sync", "async") else "sync", inline=True)]),
+            value=mode, inline=True)]),
         html.Div([html.Label("on a failure "), dcc.Dropdown(
-            id="whatif-elastic", clearable=False, value=c.elastic,
+            id="whatif-elastic", clearable=False, value=elastic,
             options=[{"label": "restart the whole job", "value": "restart"},
                      {"label": "shrink and go on", "value": "shrink"},
                      {"label": "swap in a hot spare", "value": "spares"}],
             style={"width": "16em", "display": "inline-block"})]),
         html.Div([html.Label("hot spare nodes "),
-                  dcc.Input(id="whatif-spares", type="number", min=0, step=1, value=c.spares,
+                  dcc.Input(id="whatif-spares", type="number", min=0, step=1,
+                            value=int(spares) if spares is not None else c.spares,
                             debounce=True)]),
         html.Div(dcc.Checklist(id="whatif-evict", options=[
             {"label": " evict flagged stragglers", "value": "evict"}],
-            value=["evict"] if c.evict_stragglers else [])),
+            value=["evict"] if evict else [])),
     ], className="gl-controls gl-whatif-controls")
 
 
@@ -368,7 +500,7 @@ def whatif_body(result: dict[str, Any], cal: Any) -> html.Div:
                f"({sign}{d:.1f} points; {result['trials']} trials each, same seeds). "
                f"Measured: {fig.pct(result['actual']['goodput'])}.")
     # measured values first, then what had to be assumed; plain defaults are left out
-    prov = [[k, _value(getattr(cal.config, k)), v] for k, v in
+    prov = [[k, _value(getattr(cal.config, k), k), _plurals(v)] for k, v in
             sorted(cal.provenance.items(), key=lambda kv: not kv[1].startswith("measured"))
             if v != "assumed: simulator default"]
     return html.Div([
@@ -383,11 +515,35 @@ def whatif_body(result: dict[str, Any], cal: Any) -> html.Div:
     ])
 
 
+def _duration(text: str | None) -> float | None:
+    """A duration from a URL (``11m 04s``, ``664``), None when absent or unreadable."""
+    from goodlens.model.units import parse_duration
+    try:
+        return parse_duration(text) if text else None
+    except ValueError:
+        return None
+
+
 def _na(v: Any) -> Any:
     return "" if is_missing(v) else v
 
 
-def _value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:,.4g}"
-    return str(v)
+def _value(v: Any, name: str = "") -> str:
+    """A calibrated field's value: durations (``*_s``) as durations, whole numbers without
+    exponent, rates to 4 significant digits."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if name.endswith("_s") and v == v:
+        return format_duration(float(v))
+    if float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+
+
+_ONE = re.compile(r"\b1 ([a-z]+(?: [a-z]+)?)s\b")
+
+
+def _plurals(text: str) -> str:
+    """``1 failures`` -> ``1 failure``, ``1 flagged episodes`` -> ``1 flagged episode`` (the
+    calibration's notes count things)."""
+    return _ONE.sub(lambda mo: "1 " + mo.group(1), text)

@@ -20,7 +20,10 @@ PAGES = {  # file: (path, selector that means "drawn", window height)
     "runs.png": ("/", "#runs-table", 700),
     "overview.png": ("/runs/sim-64", "#timeline-graph .main-svg", 1900),
     "ranks.png": ("/runs/sim-64/ranks", "#host-graph .main-svg", 1700),
-    "checkpoints.png": ("/runs/sim-64/checkpoints", "#interval-graph .main-svg", 1300),
+    "checkpoints.png": ("/runs/sim-64/checkpoints?price=2.5", "#interval-graph .main-svg",
+                        1500),
+    "compare.png": ("/compare?runs=sim-64@0,sim-64@2,demo-8x", "#compare-graph .main-svg",
+                    1100),
     "whatif.png": ("/runs/sim-64/whatif", "#whatif-graph .main-svg", 1300),
     "cluster.png": ("/cluster", "#cluster-graph .main-svg", 1500),
 }

@@ -6,7 +6,10 @@ input, and users rarely know it before the run; they know the model size, the op
 storage and the network. This module turns those into C for a synchronous write, an
 asynchronous save (only the device-to-host snapshot blocks) and an in-memory copy to a peer
 node, plus what the storage must hold and sustain, and the GPU-hours (and money) the stalls
-burn. Pure arithmetic, no I/O; bytes and seconds throughout (bandwidths in bytes/s).
+burn. Pure arithmetic, no I/O; bytes and seconds throughout (bandwidths in bytes/s). A
+checkpoint a stored run measured goes through the same arithmetic (:func:`measured_spec`,
+:func:`run_checkpoint_cost`: the dashboard's checkpoint costs), so the page and ``goodlens
+plan checkpoint`` agree on the same inputs.
 
 Model (first order, every writer rank holds an equal shard):
 
@@ -25,7 +28,11 @@ grads, fp32 master weights and two moments), so 70B params is 1.12 TB.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
+
+import pandas as pd
 
 from goodlens.model.units import require_number
 
@@ -124,6 +131,11 @@ class CheckpointCost:
     money_per_day: dict[str, float] | None = None
 
 
+def gpu_hours(stall_s: float, gpus: float) -> float:
+    """GPU-hours a stall of ``stall_s`` burns across ``gpus`` GPUs (all of them stand still)."""
+    return stall_s * gpus / 3600.0
+
+
 def checkpoint_cost(spec: CheckpointSpec, interval_s: float | None = None) -> CheckpointCost:
     """The cost of one checkpoint of ``spec`` and, given ``interval_s`` (save start to save
     start, seconds), of a day of them and the bandwidth storage must sustain."""
@@ -133,7 +145,7 @@ def checkpoint_cost(spec: CheckpointSpec, interval_s: float | None = None) -> Ch
     shard = size / spec.writer_ranks
     bw = min(spec.writer_ranks * spec.writer_bw, spec.storage_bw)
     stalls = {"sync": size / bw, "async": shard / spec.d2h_bw, "peer": shard / spec.peer_bw}
-    gph = {k: v * spec.gpus / 3600.0 for k, v in stalls.items()}
+    gph = {k: gpu_hours(v, spec.gpus) for k, v in stalls.items()}
     price = spec.price_per_gpu_hour
     money = None if price is None else {k: v * price for k, v in gph.items()}
     per_day = sustained = fits = day = money_day = None
@@ -150,3 +162,67 @@ def checkpoint_cost(spec: CheckpointSpec, interval_s: float | None = None) -> Ch
         gpu_hours_per_checkpoint=gph, interval_s=interval_s, sustained_bw=sustained,
         write_fits_interval=fits, checkpoints_per_day=per_day, gpu_hours_per_day=day,
         money_per_checkpoint=money, money_per_day=money_day)
+
+
+def measured_spec(stall_s: float, size_bytes: float, gpus: int, retained: int = 2,
+                  price_per_gpu_hour: float | None = None) -> CheckpointSpec:
+    """The :class:`CheckpointSpec` of a checkpoint a run measured: ``size_bytes`` written by
+    one writer whose bandwidth makes the synchronous stall exactly ``stall_s`` (what the job
+    stood still). ``goodlens plan checkpoint`` takes the same inputs as ``--params SIZE/2
+    --optimizer weights-bf16 --writers 1 --writer-bw SIZE/STALL --storage-bw SIZE/STALL``,
+    so a measured checkpoint and a planned one go through the same arithmetic."""
+    _pos("measured_spec", "stall_s", stall_s)
+    _pos("measured_spec", "size_bytes", size_bytes)
+    bw = size_bytes / stall_s
+    return CheckpointSpec(params=size_bytes, bytes_per_param=1.0, gpus=int(gpus),
+                          writer_ranks=1, writer_bw=bw, storage_bw=bw, retained=int(retained),
+                          price_per_gpu_hour=price_per_gpu_hour)
+
+
+def run_checkpoint_cost(table: pd.DataFrame, gpus: float, interval_s: float | None,
+                        retained: int = 2, price_per_gpu_hour: float | None = None,
+                        measured: dict | None = None) -> dict:
+    """What a run's checkpoints cost, for the dashboard and anyone else reading a stored run.
+
+    ``table`` is :func:`goodlens.analysis.checkpoints.checkpoint_table`'s; ``measured`` is
+    :class:`goodlens.analysis.measured.Measured` as a dict (best interval and the goodput
+    expected at it and at the run's interval). Returns ``rows`` (per checkpoint: stall
+    GPU-hours, money, the write bandwidth its durable copy needed) and ``typical``: the
+    :class:`CheckpointCost` of the median checkpoint (median stall and size) at the run's
+    interval, as :func:`checkpoint_cost` computes it for ``goodlens plan checkpoint``, plus
+    ``write_bw_needed`` (median size over median write time) and what the current interval
+    loses against the best one per day (GPU-hours and money)."""
+    price = price_per_gpu_hour
+    rows = []
+    for r in table.itertuples():
+        stall, write, size = (float(x) if x == x and x is not None else math.nan
+                              for x in (r.stall_s, r.write_s, r.bytes))
+        gh = gpu_hours(stall, gpus) if stall == stall else None
+        rows.append({"gpu_hours": gh, "money": None if gh is None or price is None
+                     else gh * price,
+                     "write_bw": size / write if size == size and write == write and write > 0
+                     else None})
+    out: dict = {"rows": rows, "typical": None, "gpus": gpus, "retained": retained,
+                 "price_per_gpu_hour": price, "interval_s": interval_s}
+    stall, size, write = (_median(table, c) for c in ("stall_s", "bytes", "write_s"))
+    if stall and size and gpus >= 1:
+        spec = measured_spec(stall, size, round(gpus), retained, price)
+        out["typical"] = dataclasses.asdict(checkpoint_cost(spec, interval_s or None))
+        out["typical"].update(stall_s=stall, median_size_bytes=size)
+    out["write_bw_needed"] = size / write if size and write else None
+    m = measured or {}
+    best, at_best, at_run = (m.get("best_interval_s"), m.get("goodput_at_best"),
+                             m.get("goodput_at_measured"))
+    if best and at_best is not None and at_run is not None:
+        lost = (at_best - at_run) * gpus * DAY / 3600.0
+        out["best_interval_s"] = best
+        out["loss_gpu_hours_per_day"] = lost
+        out["loss_money_per_day"] = None if price is None else lost * price
+    return out
+
+
+def _median(table: pd.DataFrame, column: str) -> float | None:
+    """The median of a column over the rows that have it (None: no row has it)."""
+    if not len(table) or not table[column].notna().any():
+        return None
+    return float(table[column].median())

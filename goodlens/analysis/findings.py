@@ -3,7 +3,9 @@
 ``goodlens detect`` and the dashboard's ranks page ask the same question of a stored run;
 this module answers it once: build the topology from each rank's host and the run's tags
 (``switch_of_host`` or ``nodes_per_switch``), and run the detector over the step records,
-or read back the ``straggler_flagged`` events the collector's live detector stored.
+or read back the ``straggler_flagged`` events the collector's live detector stored. Both also
+lay the findings out the same way: :data:`FINDING_COLUMNS` and :func:`finding_cells` are the
+one definition of the table's columns, their order and their text.
 """
 
 from __future__ import annotations
@@ -80,3 +82,43 @@ def stored_findings(source: RunReader, run_id: str) -> list[dict[str, Any]]:
 def finding_dicts(found: list[Finding]) -> list[dict[str, Any]]:
     """Findings as plain dicts (JSON-ready)."""
     return [dataclasses.asdict(f) for f in found]
+
+
+#: The columns of a findings table, ``(key, header)`` in order: ``goodlens detect``'s text
+#: table and the dashboard's ranks page both lay findings out with these (one definition, so
+#: the two cannot drift); :func:`finding_cells` gives each column's text for one finding.
+FINDING_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("subject", "subject"), ("relative_to", "slower than"), ("attempt", "attempt"),
+    ("first_step", "from step"), ("detected_step", "detected at"), ("slowdown", "slowdown"),
+    ("straggler_wait", "wait so far"), ("wait_per_hour", "wait per hour"),
+    ("action", "action"), ("confidence", "confidence"), ("state", "state"))
+
+
+def finding_attempt(f: dict[str, Any]) -> int | None:
+    """A finding's attempt: its ``attempt`` field, else the first part of its ``id``
+    (``<attempt>/<kind>/<subject>/<first step>``)."""
+    a = f.get("attempt")
+    if a is not None and a == a:
+        return int(a)
+    head = str(f.get("id") or "").split("/", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def finding_cells(f: dict[str, Any]) -> dict[str, str]:
+    """One finding's text under each of :data:`FINDING_COLUMNS` (keyed like them)."""
+    from goodlens.model.units import format_duration
+
+    def dur(v: Any) -> str:
+        return "" if v is None or v != v else format_duration(float(v))
+    a = finding_attempt(f)
+    return {"subject": f"{f['subject_kind']} {f['subject_id']}",
+            "relative_to": str(f.get("relative_to") or ""),
+            "attempt": "" if a is None else str(a),
+            "first_step": str(f.get("first_step", "")),
+            "detected_step": str(f.get("detected_step", "")),
+            "slowdown": f"{100 * float(f['slowdown']):.1f}%",
+            "straggler_wait": dur(f.get("straggler_wait_s")),
+            "wait_per_hour": dur(f.get("wait_per_hour_s")),
+            "action": str(f.get("action") or ""),
+            "confidence": f"{float(f.get('confidence') or 0.0):.2f}",
+            "state": "resolved" if f.get("status") == "resolved" else "open"}

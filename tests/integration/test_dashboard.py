@@ -241,31 +241,35 @@ def test_calibration_recovers_the_simulated_runs_config(sim64: Store) -> None:
 
 def test_whatif_form_validation() -> None:
     base = SimConfig(nodes=4, interval_s=600, ckpt_mode="sync")
-    assert whatif_changes(base, 10, "sync", "restart", 0, []) == {}
-    assert whatif_changes(base, 5, "async", "restart", 0, ["evict"]) == {
+    # the interval is a duration as the box shows it: "10m 00s", "10m", "600" (seconds)
+    for same in ("10m 00s", "10m", "600", 600):
+        assert whatif_changes(base, same, "sync", "restart", 0, []) == {}
+    assert whatif_changes(base, "5m", "async", "restart", 0, ["evict"]) == {
         "interval_s": 300.0, "ckpt_mode": "async", "evict_stragglers": True}
-    assert whatif_changes(base, 10, "sync", "spares", 2, []) == {"elastic": "spares",
-                                                                 "spares": 2}
+    assert whatif_changes(base, "1h30m", "sync", "restart", 0, []) == {"interval_s": 5400.0}
+    assert whatif_changes(base, "10m", "sync", "spares", 2, []) == {"elastic": "spares",
+                                                                    "spares": 2}
     # picking the spares policy means at least one spare
-    assert whatif_changes(base, 10, "sync", "spares", 0, []) == {"elastic": "spares",
-                                                                 "spares": 1}
-    for bad, msg in [((0, "sync", "restart", 0, []), "at least 0.1 minutes"),
-                     ((0.05, "sync", "restart", 0, []), "at least 0.1 minutes"),
-                     ((None, "sync", "restart", 0, []), "at least 0.1 minutes"),
-                     ((10, "sync", "restart", -1, []), "whole number"),
-                     ((10, "sync", "restart", 1.5, []), "whole number"),
-                     ((10, "sync", "spares", 5, []), "at most 4 hot spares")]:
+    assert whatif_changes(base, "10m", "sync", "spares", 0, []) == {"elastic": "spares",
+                                                                    "spares": 1}
+    for bad, msg in [(("0s", "sync", "restart", 0, []), "at least 6s"),
+                     (("5s", "sync", "restart", 0, []), "at least 6s"),
+                     ((None, "sync", "restart", 0, []), "at least 6s"),
+                     (("ten minutes", "sync", "restart", 0, []), "at least 6s"),
+                     (("10m", "sync", "restart", -1, []), "whole number"),
+                     (("10m", "sync", "restart", 1.5, []), "whole number"),
+                     (("10m", "sync", "spares", 5, []), "at most 4 hot spares")]:
         with pytest.raises(ValueError, match=msg):
             whatif_changes(base, *bad)
     with pytest.raises(ValueError, match="cannot shrink"):
-        whatif_changes(SimConfig(nodes=1), 30, "sync", "shrink", 0, [])
+        whatif_changes(SimConfig(nodes=1), "30m", "sync", "shrink", 0, [])
 
 
 def test_empty_and_tiny_runs_render(tmp_path: Path) -> None:
     store = Store(tmp_path / "e.duckdb")
     try:
         data = RunData(store, DashConfig())
-        assert data.runs() == []
+        assert data.runs() == ([], 0)
         assert "No runs yet" in str(pages.runs_body([]))
         # a run that has only started: no steps, no wall-clock to speak of
         store.write_group([validate_batch({
@@ -324,7 +328,13 @@ def test_cluster_page_pieces() -> None:
     rows = {r[0]: r for r in cluster.metric_rows(res)}
     m = {x["metric"]: x for x in res["metrics"]}
     assert rows["jobs done"][1:3] == [f"{m['jobs_done']['a']:,}", f"{m['jobs_done']['b']:,}"]
-    assert rows["utilisation (nodes allocated)"][1] == fig.pct(m["utilisation"]["a"])
+    assert rows["utilisation (allocated)"][1] == fig.pct(m["utilisation"]["a"])
+    # the CLI's rows, names and order, job goodput among them
+    from goodlens.analysis.clusterrows import CLUSTER_ROWS
+    assert list(rows) == [label for _, label, _ in CLUSTER_ROWS]
+    g = rows["job goodput (productive / job wall-clock)"]
+    ga, gb = res["a"]["cluster"]["goodput"], res["b"]["cluster"]["goodput"]
+    assert g[1:] == [fig.pct(ga), fig.pct(gb), f"{100 * (gb - ga):+.1f} pt"]
     own = cluster.owners_figure(res)
     target = next(t for t in own.data if t.name == "target share")
     assert sum(target.y) == pytest.approx(100.0)
