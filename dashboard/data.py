@@ -54,7 +54,7 @@ class DashConfig:
     """Points of the rolling goodput curve."""
     gpu_hour_price: float | None = None
     """Price of one GPU-hour (any currency) for the checkpoint costs; a page's ``?price=``
-    overrides it (``goodlens serve --gpu-hour-price`` sets it)."""
+    overrides it (``--gpu-hour-price`` of ``goodlens serve`` and ``dashboard`` sets it)."""
     live_detection: bool = False
     """A live detector runs in this process (``goodlens serve``): its stored findings are
     the answer, and no batch scan is made for runs it has not flagged."""

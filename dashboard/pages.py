@@ -7,7 +7,6 @@ element's ``title`` (the hover text): the page shows ``1h 31m``, the title ``548
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import quote
 
@@ -15,6 +14,7 @@ from dash import dcc, html
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
 from goodlens.analysis.findings import FINDING_COLUMNS, finding_cells
+from goodlens.analysis.measured import interval_advice
 from goodlens.dashboard import figures as fig
 from goodlens.dashboard.urlstate import PAGES
 from goodlens.model.jsonable import is_missing
@@ -326,8 +326,8 @@ def ranks_body(d: dict[str, Any], pool: str = "max") -> html.Div:
 
 # ---------------------------------------------------------------------------- checkpoints
 def checkpoints_controls(query: dict[str, str], price: float | None = None) -> html.Div:
-    """The price of a GPU-hour (the URL's, else ``price``: ``serve --gpu-hour-price``) and
-    the copies kept: the costs' inputs, kept in the URL."""
+    """The price of a GPU-hour (the URL's, else ``price``: ``--gpu-hour-price`` of ``serve``
+    or ``dashboard``) and the copies kept: the costs' inputs, kept in the URL."""
     from goodlens.dashboard.urlstate import number
     retained = number(query, "retained")
     given = number(query, "price")
@@ -360,15 +360,9 @@ def _exact(v: float | None) -> str:
 
 
 def checkpoint_advice(m: dict[str, Any]) -> str:
-    """The interval advice in words, with durations written as the cards write them."""
-    best, cur, gain = m.get("best_interval_s"), m.get("interval_s"), m.get("gain_points")
-    if best is None or cur is None or gain is None:
-        return ("not enough failures or checkpoints in this run to say which interval would "
-                "have been better")
-    verb = "recovered" if gain > 0 else "changed"
-    gh = m.get("gain_gpu_hours") or 0.0
-    return (f"checkpointing every {_dur(best)} instead of {_dur(cur)} would have {verb} "
-            f"{gain:.1f} points of goodput, {gh:,.{0 if gh >= 10 else 2}f} GPU-hours")
+    """The interval advice in words, as ``goodlens plan --db --run`` writes it (durations as
+    the cards write them): :func:`goodlens.analysis.measured.interval_advice`."""
+    return interval_advice(m)
 
 
 def _cost_cards(c: dict[str, Any]) -> html.Div:
@@ -500,7 +494,7 @@ def whatif_body(result: dict[str, Any], cal: Any) -> html.Div:
                f"({sign}{d:.1f} points; {result['trials']} trials each, same seeds). "
                f"Measured: {fig.pct(result['actual']['goodput'])}.")
     # measured values first, then what had to be assumed; plain defaults are left out
-    prov = [[k, _value(getattr(cal.config, k), k), _plurals(v)] for k, v in
+    prov = [[k, _value(getattr(cal.config, k), k), v] for k, v in
             sorted(cal.provenance.items(), key=lambda kv: not kv[1].startswith("measured"))
             if v != "assumed: simulator default"]
     return html.Div([
@@ -538,12 +532,3 @@ def _value(v: Any, name: str = "") -> str:
     if float(v).is_integer():
         return f"{int(v):,}"
     return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
-
-
-_ONE = re.compile(r"\b1 ([a-z]+(?: [a-z]+)?)s\b")
-
-
-def _plurals(text: str) -> str:
-    """``1 failures`` -> ``1 failure``, ``1 flagged episodes`` -> ``1 flagged episode`` (the
-    calibration's notes count things)."""
-    return _ONE.sub(lambda mo: "1 " + mo.group(1), text)

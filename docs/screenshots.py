@@ -29,13 +29,45 @@ PAGES = {  # file: (path, selector that means "drawn", window height)
 }
 
 
-def main() -> None:
+def wait_for(url: str, tries: int = 600) -> None:
+    """Until ``url`` answers (a server that is starting)."""
+    for _ in range(tries):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def capture(url: str, pages: dict[str, tuple[str, str, int]], out: Path = OUT,
+            settle_s: float = 1.5) -> None:
+    """Open each page of ``pages`` (file: (path, selector that means "drawn", window
+    height)) at ``url`` in headless Chromium, wait until it drew, and save it in ``out``."""
     from selenium import webdriver
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    opts = webdriver.ChromeOptions()
+    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--disable-background-networking", "--hide-scrollbars"):
+        opts.add_argument(a)
+    driver = webdriver.Chrome(options=opts)
+    try:
+        for name, (path, selector, height) in pages.items():
+            driver.set_window_size(1400, height)
+            driver.get(url + path)
+            WebDriverWait(driver, 120).until(
+                ec.presence_of_element_located((By.CSS_SELECTOR, selector)))
+            time.sleep(settle_s)  # transitions, the last graphs settle
+            driver.save_screenshot(str(out / name))
+            print(f"wrote {out / name}")
+    finally:
+        driver.quit()
+
+
+def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="goodlens-shots-"))
     port = 8490
     loads = [a for s in ("demo", "sim-64", "sim-16") for a in
@@ -45,29 +77,9 @@ def main() -> None:
                              "warning", *loads])
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_for(url + "/healthz")
         time.sleep(6)  # let the live detector flag the sample stragglers
-        opts = webdriver.ChromeOptions()
-        for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--hide-scrollbars"):
-            opts.add_argument(a)
-        driver = webdriver.Chrome(options=opts)
-        try:
-            for name, (path, selector, height) in PAGES.items():
-                driver.set_window_size(1400, height)
-                driver.get(url + path)
-                WebDriverWait(driver, 120).until(
-                    ec.presence_of_element_located((By.CSS_SELECTOR, selector)))
-                time.sleep(1.5)  # transitions
-                driver.save_screenshot(str(OUT / name))
-                print(f"wrote docs/img/{name}")
-        finally:
-            driver.quit()
+        capture(url, PAGES)
     finally:
         proc.terminate()
         proc.wait(30)

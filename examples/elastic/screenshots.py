@@ -13,8 +13,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,10 +24,8 @@ PAGES = {  # file: (path, selector that means "drawn", window height)
 
 
 def main(db: str) -> None:
-    from selenium import webdriver
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
+    sys.path.insert(0, str(ROOT / "docs"))
+    from screenshots import capture, wait_for  # docs/screenshots.py: one way to shoot
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -38,29 +34,8 @@ def main(db: str) -> None:
                              "--port", str(port)], cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(url + "/", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        opts = webdriver.ChromeOptions()
-        for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--hide-scrollbars"):
-            opts.add_argument(a)
-        driver = webdriver.Chrome(options=opts)
-        try:
-            for name, (path, ready, height) in PAGES.items():
-                driver.set_window_size(1400, height)
-                driver.get(url + path)
-                WebDriverWait(driver, 60).until(
-                    ec.presence_of_element_located((By.CSS_SELECTOR, ready)))
-                time.sleep(2)  # the last graphs settle
-                OUT.mkdir(parents=True, exist_ok=True)
-                driver.save_screenshot(str(OUT / name))
-                print(f"wrote {OUT / name}")
-        finally:
-            driver.quit()
+        wait_for(url + "/")
+        capture(url, PAGES, OUT, settle_s=2.0)  # the last graphs settle
     finally:
         proc.terminate()
         proc.wait(10)

@@ -95,13 +95,15 @@ FINDING_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def finding_attempt(f: dict[str, Any]) -> int | None:
-    """A finding's attempt: its ``attempt`` field, else the first part of its ``id``
-    (``<attempt>/<kind>/<subject>/<first step>``)."""
-    a = f.get("attempt")
-    if a is not None and a == a:
-        return int(a)
+    """The attempt a finding began in, the one its ``first_step`` counts in: the first part
+    of its ``id`` (``<attempt>/<kind>/<subject>/<first step>``), else its ``attempt`` field
+    (which is the attempt of its latest state: a straggler still slow after a restart is
+    the same finding, begun in the attempt before)."""
     head = str(f.get("id") or "").split("/", 1)[0]
-    return int(head) if head.isdigit() else None
+    if head.isdigit():
+        return int(head)
+    a = f.get("attempt")
+    return int(a) if a is not None and a == a else None
 
 
 def finding_cells(f: dict[str, Any]) -> dict[str, str]:

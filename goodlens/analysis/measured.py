@@ -19,6 +19,7 @@ import numpy as np
 
 from goodlens.analysis.accounting import account_run
 from goodlens.model.schema import EventKind
+from goodlens.model.units import format_duration
 from goodlens.storage.reader import RunReader
 
 
@@ -59,19 +60,24 @@ class Measured:
         return asdict(self)
 
     def sentence(self) -> str:
-        """The answer in words."""
-        if self.best_interval_s is None or self.interval_s is None:
-            return ("not enough failures or checkpoints in this run to say which interval "
-                    "would have been better")
-        verb = "recovered" if (self.gain_points or 0) > 0 else "changed"
-        return (f"checkpointing every {_minutes(self.best_interval_s)} instead of "
-                f"{_minutes(self.interval_s)} would have {verb} {self.gain_points:.1f} points "
-                f"of goodput, {self.gain_gpu_hours:,.{0 if self.gain_gpu_hours >= 10 else 2}f} "
-                "GPU-hours")
+        """The answer in words (:func:`interval_advice`)."""
+        return interval_advice(self.as_dict())
 
 
-def _minutes(s: float) -> str:
-    return f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
+def interval_advice(m: dict[str, Any]) -> str:
+    """What another checkpoint interval would have bought, in words, from a
+    :class:`Measured`'s fields (its ``as_dict()``); ``goodlens plan --db --run`` and the
+    dashboard's checkpoints page both say it this way, durations as
+    :func:`~goodlens.model.units.format_duration` writes them (``1m 07s``)."""
+    best, cur, gain = m.get("best_interval_s"), m.get("interval_s"), m.get("gain_points")
+    if best is None or cur is None or gain is None:
+        return ("not enough failures or checkpoints in this run to say which interval "
+                "would have been better")
+    verb = "recovered" if gain > 0 else "changed"
+    gh = m.get("gain_gpu_hours") or 0.0
+    return (f"checkpointing every {format_duration(best)} instead of {format_duration(cur)} "
+            f"would have {verb} {gain:.1f} points of goodput, "
+            f"{gh:,.{0 if gh >= 10 else 2}f} GPU-hours")
 
 
 def mtbf_interval(exposure_s: float, failures: int, level: float = 0.9

@@ -68,7 +68,7 @@ def calibrate(source: RunReader, run_id: str, now: float | None = None,
     per_node, how = _ranks_per_node(source, run_id, world)
     kw["gpus_per_node"] = per_node
     kw["nodes"] = max(1, math.ceil(world / per_node))
-    prov["nodes"] = f"{how}: {world} ranks, {per_node} per node"
+    prov["nodes"] = f"{how}: {_count(world, 'rank')}, {per_node} per node"
     prov["gpus_per_node"] = f"{how}: ranks per host"
     if len(sums):
         kw["step_s"] = float(np.nanmedian(sums.duration_median))
@@ -82,8 +82,9 @@ def calibrate(source: RunReader, run_id: str, now: float | None = None,
     failures = m.failures
     if m.mtbf_s:
         kw["node_mtbf_s"] = m.mtbf_s * kw["nodes"]
-        prov["node_mtbf_s"] = (f"measured: {failures} failures in "
-                               f"{m.uptime_s / 3600:.1f} h of uptime, times {kw['nodes']} nodes")
+        prov["node_mtbf_s"] = (f"measured: {_count(failures, 'failure')} in "
+                               f"{m.uptime_s / 3600:.1f} h of uptime, times "
+                               f"{_count(kw['nodes'], 'node')}")
     else:
         # no failure seen: the 90% lower bound of the MTBF after 0 failures is T / 2.3
         kw["node_mtbf_s"] = max(m.uptime_s / 2.3, 3600.0) * kw["nodes"] if m.uptime_s else \
@@ -130,7 +131,7 @@ def calibrate(source: RunReader, run_id: str, now: float | None = None,
     kw.update(_stragglers(findings, b.wall_clock_s, kw["nodes"], prov))
     preempted = int(source.attempts(run_id).end_reason.eq("preempted").sum())
     kw["planned_per_day"] = preempted / (b.wall_clock_s / DAY)
-    prov["planned_per_day"] = f"measured: {preempted} preemptions"
+    prov["planned_per_day"] = f"measured: {_count(preempted, 'preemption')}"
     cfg = SimConfig(**{k: v for k, v in kw.items() if k in {f.name for f in fields(SimConfig)}})
     for f in fields(SimConfig):
         prov.setdefault(f.name, "assumed: simulator default")
@@ -163,6 +164,11 @@ def what_if(cal: Calibration, changes: dict[str, Any], trials: int = 40,
             "delta_points": 100 * (new["goodput_mean"] - base["goodput_mean"])}
 
 
+def _count(n: int, thing: str) -> str:
+    """``1 failure``, ``2 failures``: a count and what it counts, singular for one."""
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
 def _ranks_per_node(source: RunReader, run_id: str, world: int) -> tuple[int, str]:
     hosts_of = getattr(source, "rank_hosts", None)
     if hosts_of is not None:
@@ -182,7 +188,7 @@ def _stragglers(findings: list[dict[str, Any]], wall_s: float, nodes: int,
     # after a restart is found again in the next attempt: one episode
     episodes = len({(f.get("subject_kind"), str(f.get("subject_id"))) for f in findings})
     out = {"straggler_per_node_day": episodes / nodes / (wall_s / DAY)}
-    prov["straggler_per_node_day"] = f"measured: {episodes} flagged episodes"
+    prov["straggler_per_node_day"] = f"measured: {_count(episodes, 'flagged episode')}"
     slow = [float(f["slowdown"]) for f in findings
             if isinstance(f.get("slowdown"), int | float) and f["slowdown"] > 0]
     if slow:

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
+from goodlens.analysis.clusterrows import cluster_rows, format_value
 from goodlens.cli.common import echo_json, overrides, table, user_message
-from goodlens.model.units import format_duration
 
 _SETTABLE = ("nodes", "gpus_per_node", "nodes_per_rack", "racks_per_pod", "duration_s",
              "rack_cost", "pod_cost", "n_jobs", "arrival_s", "work_median_s", "work_sigma",
@@ -42,60 +42,25 @@ def _policy(spec: str, hint: str) -> Any:
 
 
 def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
+    return format_value(v, "share")
 
 
 def _dur(v: float | None) -> str:
-    return "-" if v is None else format_duration(v)
+    return format_value(v, "seconds")
 
 
 def _nh(v: float | None) -> str:
-    return "-" if v is None else f"{v / 3600:,.0f}"
-
-
-#: (key in ClusterResult.cluster, label, formatter) of the headline table.
-_ROWS = (("utilisation", "utilisation (allocated)", _pct),
-         ("goodput_weighted_utilisation", "goodput-weighted utilisation", _pct),
-         ("useful_utilisation", "useful utilisation (no topology slowdown)", _pct),
-         ("goodput", "job goodput (productive / job wall-clock)", _pct),
-         ("jobs_done", "jobs done", str),
-         ("jobs_waiting", "jobs still waiting", str),
-         ("mean_wait_s", "mean wait to first start", _dur),
-         ("p95_wait_s", "p95 wait to first start", _dur),
-         ("longest_starvation_s", "longest starvation", _dur),
-         ("mean_turnaround_s", "mean turnaround (done jobs)", _dur),
-         ("mean_topology_penalty", "mean topology penalty (step time)", _pct),
-         ("preemptions", "preemptions", str),
-         ("preemption_loss_node_s", "preemption loss (node-hours)", _nh),
-         ("held_idle_node_s", "partial holds idle (node-hours)", _nh),
-         ("failures", "node failures", str),
-         ("spare_swaps", "spare swaps", str))
+    return format_value(v, "node_s")
 
 
 def _headline(results: list[dict[str, Any]]) -> str:
-    rows = []
-    for key, label, fmt in _ROWS:
-        row = {"m": label}
-        for i, r in enumerate(results):
-            row[f"v{i}"] = fmt(r["cluster"][key])
-        if len(results) == 2:
-            a, b = results[0]["cluster"][key], results[1]["cluster"][key]
-            if a is None or b is None:
-                row["d"] = "-"
-            elif fmt is _pct:
-                row["d"] = f"{100 * (b - a):+.1f} pt"
-            elif fmt is _dur:
-                row["d"] = ("+" if b >= a else "-") + format_duration(abs(b - a))
-            elif fmt is _nh:
-                row["d"] = f"{(b - a) / 3600:+,.0f}"
-            else:
-                row["d"] = f"{b - a:+,}"
-        rows.append(row)
-    cols = [("m", "cluster")] + [(f"v{i}", "A" if len(results) == 2 and i == 0 else
-                                 ("B" if len(results) == 2 else "value"))
-                                for i in range(len(results))]
-    if len(results) == 2:
-        cols.append(("d", "B - A"))
+    """The side-by-side table: the rows, values and ``B - A`` of the dashboard's cluster
+    page (:mod:`goodlens.analysis.clusterrows`, one definition for both)."""
+    two = len(results) == 2
+    rows = cluster_rows(results[0]["cluster"], results[1]["cluster"] if two else None)
+    cols = [("label", "cluster"), ("a", "A" if two else "value")]
+    if two:
+        cols += [("b", "B"), ("delta", "B - A")]
     return table(rows, cols)
 
 

@@ -289,7 +289,12 @@ def detect(db: str | None, url: str | None, token: str | None, token_file: str |
     whether they are still open at the end of the run or resolved. With --url, the run is
     read from a running collector (which holds its store file).
     """
-    from goodlens.analysis.findings import detect_run, finding_dicts
+    from goodlens.analysis.findings import (
+        FINDING_COLUMNS,
+        detect_run,
+        finding_cells,
+        finding_dicts,
+    )
     from goodlens.cli.remote import one_source, read_run_at
     one_source(db, url)
     token = read_token(token, token_file)
@@ -297,22 +302,12 @@ def detect(db: str | None, url: str | None, token: str | None, token_file: str |
         found = read_run_at(db, url, token, run_id, detect_run)
     except ValueError as exc:  # rank ids too sparse to lay out: say so, in one line
         raise click.ClickException(f"{exc}; detection needs rank ids 0..N-1") from None
-    rows = [{k: plain(v) for k, v in f.items()} for f in finding_dicts(found)]
     if as_json:
-        echo_json({"run": run_id, "findings": rows})
+        echo_json({"run": run_id, "findings": [{k: plain(v) for k, v in f.items()}
+                                               for f in finding_dicts(found)]})
         return
-    if not rows:
+    if not found:
         click.echo(f"run {run_id}: no persistent straggler found")
         return
-    for r in rows:
-        r["subject"] = f"{r['subject_kind']} {r['subject_id']}"
-        r["slow"] = f"{100 * r['slowdown']:.1f}%"
-        r["cost"] = format_duration(r["straggler_wait_s"])
-        r["per_h"] = format_duration(r["wait_per_hour_s"])
-        r["state"] = "resolved" if r["status"] == "resolved" else "open"
-        r["from"] = f"{r['first_step']} (attempt {r['id'].split('/')[0]})"
-    click.echo(table(rows, [("subject", "subject"), ("relative_to", "slower than"),
-                            ("from", "from step"), ("detected_step", "detected at"),
-                            ("slow", "slowdown"), ("cost", "wait so far"),
-                            ("per_h", "wait per hour"), ("action", "action"),
-                            ("state", "state")]))
+    # the dashboard's ranks page lays findings out with the same columns and text
+    click.echo(table([finding_cells(f) for f in finding_dicts(found)], list(FINDING_COLUMNS)))

@@ -7,6 +7,7 @@ over the store the collector opened and mounts it at ``/``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,29 @@ from goodlens.cli.common import (
 )
 
 
-def dashboard_root(token: str | None, live_detection: bool) -> Any:
+def _price(ctx: Any, param: Any, value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter("must be a finite number >= 0")
+    return value
+
+
+#: ``--gpu-hour-price`` of ``serve`` and ``dashboard`` (``DashConfig.gpu_hour_price``).
+gpu_hour_price_option = click.option(
+    "--gpu-hour-price", type=float, metavar="FLOAT", callback=_price,
+    help="Money per GPU-hour (any currency) for the dashboard's checkpoint costs; a page's "
+         "?price= overrides it. Default: none (costs in GPU-hours only).")
+
+
+def dashboard_root(token: str | None, live_detection: bool,
+                   gpu_hour_price: float | None = None) -> Any:
     """What ``goodlens serve`` mounts at ``/``: the dashboard over the collector's store,
     behind the collector's token."""
     def build(store: Any) -> Any:
         from goodlens.dashboard.app import create_app
         from goodlens.dashboard.asgi import dashboard_asgi
         from goodlens.dashboard.data import DashConfig
-        return dashboard_asgi(create_app(store, DashConfig(live_detection=live_detection)),
-                              token)
+        config = DashConfig(live_detection=live_detection, gpu_hour_price=gpu_hour_price)
+        return dashboard_asgi(create_app(store, config), token)
     return build
 
 
@@ -115,6 +130,7 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
                    "dashboard); `all` exports every run (a demo over old traces).")
 @click.option("--dashboard/--no-dashboard", default=True, show_default=True,
               help="Serve the dashboard at / (with --token, open it once as /?token=...).")
+@gpu_hour_price_option
 @click.option("--load", "loads", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Trace folder to import before serving (repeatable; importing twice adds "
                    "nothing).")
@@ -125,7 +141,7 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
           body_timeout: float, max_connections: int, max_body: int, max_queue_rows: int,
           summarize_every: float, memory_limit: str, detect: bool, webhook: str | None,
           hang_floor: float, metrics_retention: float, dashboard: bool,
-          loads: tuple[str, ...], log_level: str) -> None:
+          gpu_hour_price: float | None, loads: tuple[str, ...], log_level: str) -> None:
     """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz,
     the API's OpenAPI document on /openapi.json.
 
@@ -168,7 +184,7 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
 
     try:
         run_server(config, ready=ready, log_level=log_level,
-                   root=dashboard_root(token, detect) if dashboard else None)
+                   root=dashboard_root(token, detect, gpu_hour_price) if dashboard else None)
     except NotAStore as exc:
         raise StoreError(str(exc)) from None
     except RuntimeError as exc:
@@ -181,12 +197,15 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
                    "collector serves the dashboard itself at its own /).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=8471, show_default=True, type=int, help="Port (0: any free).")
+@gpu_hour_price_option
 @click.option("--log-level", default="warning", show_default=True,
               type=LOG_LEVELS)
-def dashboard(db: str, host: str, port: int, log_level: str) -> None:
+def dashboard(db: str, host: str, port: int, gpu_hour_price: float | None,
+              log_level: str) -> None:
     """Serve the dashboard alone over a store file: runs, where the wall-clock went, slow
     ranks, checkpoint costs and what-if, with the run id in each page's URL.
     """
+    from goodlens.dashboard.data import DashConfig
     from goodlens.exporter.transport import is_loopback
 
     if not is_loopback(host):
@@ -197,7 +216,8 @@ def dashboard(db: str, host: str, port: int, log_level: str) -> None:
         click.echo(f"goodlens dashboard on http://{host}:{bound}/  (db: {db}, read-only)",
                    err=True)
     try:
-        serve_dashboard(db, host, port, ready=ready, log_level=log_level)
+        serve_dashboard(db, host, port, config=DashConfig(gpu_hour_price=gpu_hour_price),
+                        ready=ready, log_level=log_level)
     except click.ClickException as exc:  # the file is held by a collector, or not a store
         if "held by another process" in exc.message:
             raise click.ClickException(

@@ -2,7 +2,8 @@
 commands that need a run's rows work against a running collector (--url), --url errors and
 addresses, the checkpoint planner's prices, report windows, replay's options and clock,
 end-run's clock, option names in messages, one exit code for a missing store, simulate's
-trace, and the demo store of `make run`.
+trace, the demo store of `make run`, and the command saying what the dashboard says from one
+source: detect's columns, cluster --compare's rows, --gpu-hour-price, the interval advice.
 
 Expected values come from the demo sample's recipe (sample_data/generate.py: rank 5 10%
 slow from step 150, one failure, 5 checkpoints of 6 s, 16 min 05.802 s from
@@ -363,3 +364,136 @@ def test_make_reset_removes_the_demo_store_alone(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
+
+
+# 14-17: the command and the dashboard say the same things from one source (issue #20)
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo sample imported into a store of its own (no collector holds it)."""
+    db = str(tmp_path_factory.mktemp("demo") / "demo.duckdb")
+    run("import", SAMPLE, "--db", db)
+    return db
+
+
+def _cells(line: str) -> list[str]:
+    return re.split(r" {2,}", line.strip())
+
+
+# 14. detect's text table has the ranks page's columns (attempt and confidence included)
+
+def test_detect_text_has_the_ranks_pages_columns(demo_db):
+    header, rule, *rows = run("detect", "--db", demo_db, "--run", "demo-8x").output.splitlines()
+    assert _cells(header) == ["subject", "slower than", "attempt", "from step", "detected at",
+                              "slowdown", "wait so far", "wait per hour", "action",
+                              "confidence", "state"]
+    assert set(rule) == {"-", " "}
+    # the recipe's straggler: rank 5 (on node-1 with ranks 4-7), slow from step 150 of
+    # attempt 0 and still slow after the restart (the same finding, begun in attempt 0);
+    # the detector's estimate of the 10% is 8.9%, 35.8 s waited, 4m 10s an hour,
+    # confidence 0.8333 written to two places
+    assert [_cells(r) for r in rows] == [
+        ["rank 5", "the other ranks of host node-1", "0", "150", "161", "8.9%", "35.8s",
+         "4m 10s", "evict", "0.83", "open"]]
+    from goodlens.analysis.findings import FINDING_COLUMNS
+    assert _cells(header) == [h for _, h in FINDING_COLUMNS]  # the dashboard's, in order
+
+
+# 15. simulate cluster --compare prints the cluster page's rows, job goodput among them
+
+def test_cluster_compare_rows_are_the_cluster_pages(tmp_path):
+    from goodlens.analysis.clusterrows import cluster_rows
+    args = ["simulate", "cluster", "--preset", "test-64", "--compare", "topo,fair,ckpt-preempt"]
+    doc = json.loads(run(*args, "--json").output)
+    lines = run(*args).output.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("cluster ")))
+    assert _cells(lines[start]) == ["cluster", "A", "B", "B - A"]
+    body = lines[start + 2:lines.index("", start)]
+    want = cluster_rows(doc["a"]["cluster"], doc["b"]["cluster"])
+    assert [_cells(x)[0] for x in body] == [r["label"] for r in want]
+    assert [_cells(x)[1:] for x in body] == [[r["a"], r["b"], r["delta"]] for r in want]
+    goodput = next(_cells(x) for x in body if x.startswith("job goodput"))
+    a, b = doc["a"]["cluster"]["goodput"], doc["b"]["cluster"]["goodput"]
+    assert goodput == ["job goodput (productive / job wall-clock)", f"{100 * a:.1f}%",
+                       f"{100 * b:.1f}%", f"{100 * (b - a):+.1f} pt"]
+    # counts and durations by hand: the same preset and seed print these (test-64, seed 0)
+    rows = {_cells(x)[0]: _cells(x)[1:] for x in body}
+    assert rows["node failures"] == ["4", "4", "0"]  # the same failures on both sides
+    assert rows["jobs still waiting"] == ["1", "1", "0"]  # equal: "0", not "+0"
+    assert rows["preemptions"][0] == "0" and rows["preemptions"][2] == "+" + rows[
+        "preemptions"][1]
+
+
+# 16. serve and dashboard --gpu-hour-price: the checkpoint page's money figures
+
+def test_gpu_hour_price_reaches_the_checkpoints_page(demo_db, tmp_path, monkeypatch):
+    import goodlens.cli.serve as cli_serve
+    import goodlens.collector.server as server
+    import goodlens.dashboard.app as app_module
+    from goodlens.dashboard import pages
+    from goodlens.dashboard.data import RunData
+
+    seen: dict = {}
+    monkeypatch.setattr(cli_serve, "serve_dashboard",
+                        lambda db, host, port, **kw: seen.setdefault("dashboard", kw["config"]))
+    run("dashboard", "--db", demo_db, "--port", "0", "--gpu-hour-price", "2.5")
+    monkeypatch.setattr(server, "serve", lambda config, **kw: seen.setdefault("root", kw["root"]))
+    run("serve", "--db", str(tmp_path / "s.duckdb"), "--port", "0", "--gpu-hour-price", "2.5")
+    create = app_module.create_app
+
+    def recording(store, config=None, **kw):
+        seen["serve"] = config
+        return create(store, config, **kw)
+    monkeypatch.setattr(app_module, "create_app", recording)
+    store = Store(demo_db, read_only=True)
+    try:
+        seen["root"](store)  # what serve mounts at /, over the collector's store
+        for config in (seen["dashboard"], seen["serve"]):
+            assert config.gpu_hour_price == 2.5
+            d = RunData(store, config).checkpoints("demo-8x")
+            # by hand: 6 s x 8 GPUs = 48 GPU-seconds a checkpoint, at 2.5 = 0.0333
+            assert d["cost"]["price_per_gpu_hour"] == 2.5
+            assert [r["money"] for r in d["cost"]["rows"]] == pytest.approx([2.5 * 48 / 3600] * 5)
+            assert "Cost per checkpoint" in str(pages.checkpoints_body(d))
+            assert pages.checkpoints_controls({}, config.gpu_hour_price).children[1].value == 2.5
+        assert seen["serve"].live_detection  # serve's detector stays on
+    finally:
+        store.close()
+    seen.clear()  # no flag: no price, GPU-hours only
+    run("dashboard", "--db", demo_db, "--port", "0")
+    assert seen["dashboard"].gpu_hour_price is None
+
+
+@pytest.mark.parametrize("cmd", ["serve", "dashboard"])
+def test_gpu_hour_price_must_be_a_price(cmd, demo_db):
+    for bad in ("-1", "nan", "inf"):
+        out = run(cmd, "--gpu-hour-price", bad, "--db", demo_db, "--port", "0", code=2).output
+        assert "Invalid value for '--gpu-hour-price': must be a finite number >= 0" in out
+
+
+# 17. plan --db --run says the interval advice in the dashboard's words
+
+def test_plan_measured_advice_reads_like_the_dashboard(demo_db):
+    from goodlens.dashboard import pages
+    from goodlens.dashboard.data import RunData
+
+    text = run("plan", "--db", demo_db, "--run", "demo-8x").output
+    # by hand from `plan --json`: best 67.46 s, measured 110.12 s (the median gap of saves)
+    said = ("checkpointing every 1m 07s instead of 1m 50s would have recovered 1.1 points of "
+            "goodput, 0.02 GPU-hours")
+    assert said in text.splitlines()
+    store = Store(demo_db, read_only=True)
+    try:
+        m = RunData(store).checkpoints("demo-8x")["measured"]
+        assert pages.checkpoint_advice(m) == said
+        from goodlens.analysis.findings import detect_run, finding_dicts
+        from goodlens.analysis.whatif import calibrate
+        prov = calibrate(store, "demo-8x",
+                         findings=finding_dicts(detect_run(store, "demo-8x"))).provenance
+    finally:
+        store.close()
+    # the what-if page's calibration notes count in the singular for one
+    assert prov["node_mtbf_s"] == "measured: 1 failure in 0.2 h of uptime, times 2 nodes"
+    assert prov["straggler_per_node_day"] == "measured: 1 flagged episode"
+    assert prov["planned_per_day"] == "measured: 0 preemptions"
+    assert prov["nodes"] == "measured: 8 ranks, 4 per node"

@@ -1,0 +1,68 @@
+"""How the analysis says things in words (issue #20): the measured interval advice
+(``goodlens plan --db --run`` and the dashboard's checkpoints page) writes durations as the
+dashboard's cards do, and the what-if calibration's notes count in the singular for one.
+Every expectation is written out by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from goodlens.analysis.measured import Measured, interval_advice
+from goodlens.analysis.whatif import _count, _stragglers
+
+
+def _measured(**kw) -> Measured:
+    base = dict(run="r", wall_clock_s=3600.0, uptime_s=3500.0, failures=1, mtbf_s=3500.0,
+                mtbf_ci_s=None, checkpoints=5, checkpoint_stall_s=6.0, interval_s=None,
+                restore_s=None, restart_cost_s=None, gpus=8.0, goodput=0.9)
+    return Measured(**{**base, **kw})
+
+
+@pytest.mark.parametrize(("kw", "said"), [
+    # the demo run's numbers: 67.46 s and 110.12 s are 1m 07s and 1m 50s, as the cards say
+    (dict(best_interval_s=67.457, interval_s=110.124, gain_points=1.1, gain_gpu_hours=0.0219),
+     "checkpointing every 1m 07s instead of 1m 50s would have recovered 1.1 points of "
+     "goodput, 0.02 GPU-hours"),
+    # 23 minutes against an hour (it used to read "23 min instead of 60 min"); 10 GPU-hours
+    # and more are written whole, with thousands separated
+    (dict(best_interval_s=1380.0, interval_s=3600.0, gain_points=4.1, gain_gpu_hours=11000.4),
+     "checkpointing every 23m 00s instead of 1h 00m would have recovered 4.1 points of "
+     "goodput, 11,000 GPU-hours"),
+    # under a minute: tenths of a second (it used to read "45 s"); no gain: "changed"
+    (dict(best_interval_s=45.0, interval_s=45.04, gain_points=0.0, gain_gpu_hours=0.0),
+     "checkpointing every 45.0s instead of 45.0s would have changed 0.0 points of goodput, "
+     "0.00 GPU-hours"),
+    # a day and more
+    (dict(best_interval_s=2 * 86400 + 3 * 3600, interval_s=7200.0, gain_points=-0.25,
+          gain_gpu_hours=-1.5),
+     "checkpointing every 2d 03h instead of 2h 00m would have changed -0.2 points of "
+     "goodput, -1.50 GPU-hours"),
+    (dict(best_interval_s=None, interval_s=110.0),
+     "not enough failures or checkpoints in this run to say which interval would have been "
+     "better"),
+])
+def test_measured_sentence_writes_durations_as_the_dashboard(kw, said):
+    m = _measured(**kw)
+    assert m.sentence() == said
+    assert interval_advice(m.as_dict()) == said  # the dashboard's checkpoints page
+
+
+def test_counts_are_singular_for_one():
+    assert [_count(n, "failure") for n in (0, 1, 2, 11)] == [
+        "0 failures", "1 failure", "2 failures", "11 failures"]
+    assert _count(1, "flagged episode") == "1 flagged episode"
+    assert _count(21, "node") == "21 nodes"
+
+
+def test_straggler_notes_count_episodes():
+    one = [{"subject_kind": "rank", "subject_id": 5, "slowdown": 0.1},
+           {"subject_kind": "rank", "subject_id": 5, "slowdown": 0.12}]  # one rank, twice
+    prov: dict[str, str] = {}
+    _stragglers(one, 86400.0, 2, prov)
+    assert prov["straggler_per_node_day"] == "measured: 1 flagged episode"
+    two = [*one, {"subject_kind": "host", "subject_id": "node-1", "slowdown": 0.05}]
+    _stragglers(two, 86400.0, 2, prov)
+    assert prov["straggler_per_node_day"] == "measured: 2 flagged episodes"
+    _stragglers([], 86400.0, 2, prov)
+    assert prov["straggler_per_node_day"] == "measured: no straggler flagged"
