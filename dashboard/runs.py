@@ -49,7 +49,7 @@ def runs_layout(query: dict[str, str]) -> html.Div:
                                            placeholder="any", options=list(STATES),
                                            style={"width": "9em"})]),
         dcc.Input(id="runs-q", value=query.get("q", ""), debounce=True, type="text",
-                  placeholder="run id or name contains..."),
+                  placeholder="run id or name contains...", style={"width": "18em"}),
         html.Button("< previous", id="runs-prev", n_clicks=0),
         html.Label(["page ", dcc.Input(id="runs-page", type="number", min=1, step=1,
                                        value=_page(query), debounce=True,
