@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from goodlens import __version__
 from goodlens.analysis.report import report_dict
 from goodlens.model.jsonable import plain
 from goodlens.storage import reports
@@ -35,6 +36,9 @@ from goodlens.storage.reader import RunReader
 from goodlens.storage.reports import ReportRow
 
 log = logging.getLogger("goodlens.reports")
+
+#: Seconds before a run whose accounting failed is tried again (unless rows of it arrive).
+RETRY_S = 300.0
 
 #: States a run's list row can take (``goodlens_run_state``): an ended attempt's reason
 #: outside these counts as ``other``.
@@ -102,6 +106,7 @@ class ReportKeeper:
         self._live: dict[str, RunStatus] = {}
         self._pending: set[str] = set()  # changed runs not accounted yet (paced)
         self._seen: dict[str, float] = {}  # when rows of a run last arrived (unix time)
+        self._failed: dict[str, float] = {}  # runs whose accounting failed: retry after
         self._lock = threading.Lock()
         self._started = False
         self.ready = threading.Event()
@@ -128,11 +133,11 @@ class ReportKeeper:
         horizon = now - self.config.retention_s
         for run_id, st in live.items():
             if (not st.row.final and run_id not in self._pending and st.active >= horizon
+                    and st.due <= mono
                     and (st.row.computed_at or 0) + self.config.refresh_s <= now):
                 todo.append(run_id)
         self._account(con, todo)
-        if not urgent:
-            self._backlog(con)
+        self._backlog(con)  # stale rows (a crash, an upgrade) and runs never accounted
         self._expire(now)
 
     def catch_up(self) -> None:
@@ -146,16 +151,19 @@ class ReportKeeper:
         self.ready.set()
 
     def _start(self, con: Any, now: float) -> None:
-        """First pass: index runs without a row, load the recent ones, and queue the live
-        ones and the stale (rows arrived before a crash) for accounting."""
+        """First pass: mark every stored row stale if another goodlens version computed
+        them, index runs without a row, load the recent ones and queue the live ones (the
+        stale ones, rows that arrived before a crash, come first in the backlog)."""
         self._started = True
         try:
+            if self.persist and reports.mark_all_stale(con, __version__):
+                log.info("stored reports were computed by another goodlens: recomputing them "
+                         "in the background, newest first")
             n = reports.index_missing(con) if self.persist else 0
             if n:
                 log.info("indexed %d runs that had no stored report (accounted in the "
                          "background, newest first)", n)
             rows = reports.load(con, since=now - self.config.retention_s)
-            self._pending.update(reports.stale(con))
         except Exception:
             log.exception("loading stored reports failed")
             rows = []
@@ -166,28 +174,34 @@ class ReportKeeper:
         self._pending.update(r.run_id for r in rows if not r.final or r.report is None)
         self.ready.set()
 
-    def _account(self, con: Any, run_ids: list[str]) -> None:
+    def _account(self, con: Any, run_ids: list[str]) -> set[str]:
+        """Account ``run_ids`` and keep (and store) their rows; returns the runs done. A run
+        that fails is retried after :data:`RETRY_S` (or when rows of it arrive), so one bad
+        run never holds the others up."""
         if not run_ids:
-            return
+            return set()
         run_ids = list(dict.fromkeys(run_ids))
+        self._pending.difference_update(run_ids)
         try:
             info = {r["run_id"]: r for r in self.store.runs_of(run_ids).to_dict("records")}
             figures = self.store.run_metrics(self.config.window_steps, run_ids=run_ids)
         except Exception:
             log.exception("reading runs %s failed", run_ids[:5])
-            return
+            self._failed.update(dict.fromkeys(run_ids, time.monotonic() + RETRY_S))
+            return set()
         by_run = {r["run_id"]: r for r in figures.to_dict("records")}
         rows, costs = [], {}
         for run_id in run_ids:
-            self._pending.discard(run_id)
-            if run_id not in info:
-                continue
             t0 = time.perf_counter()
             try:
+                if run_id not in info:
+                    raise KeyError(f"run {run_id!r} is not in the store")
                 rep = report_dict(self.store, run_id, hang_floor_s=self.config.hang_floor_s)
             except Exception:
                 log.exception("accounting run %s failed", run_id)
+                self._failed[run_id] = time.monotonic() + RETRY_S
                 continue
+            self._failed.pop(run_id, None)
             costs[run_id] = time.perf_counter() - t0
             rows.append(_row(run_id, rep, info[run_id], by_run.get(run_id)))
         if self.persist and con is not None:
@@ -202,23 +216,24 @@ class ReportKeeper:
                 self._live[row.run_id] = RunStatus(
                     row, cost, mono + self.config.cost_factor * cost,
                     self._seen.get(row.run_id, 0.0))
+        return {row.run_id for row in rows}
 
     def _backlog(self, con: Any) -> None:
-        """Account runs that have no report yet, within ``backlog_s`` of this pass."""
+        """Account runs whose stored row is stale or has no report yet, newest first,
+        within ``backlog_s`` of this pass."""
         deadline = time.perf_counter() + self.config.backlog_s
         while time.perf_counter() < deadline:
-            try:
-                due = [r for r in reports.due(con, 8) if r not in self._pending]
+            mono = time.monotonic()
+            try:  # runs that failed lately are left for later, not retried in a loop
+                due = [r for r in reports.due(con, 8 + len(self._failed))
+                       if r not in self._pending and self._failed.get(r, 0.0) <= mono]
             except Exception:
                 log.exception("listing runs without a report failed")
                 return
             if not due:
                 return
-            for run_id in due:
+            for run_id in due[:8]:
                 self._account(con, [run_id])
-                with self._lock:
-                    if run_id not in self._live:  # unknown or failing: do not spin on it
-                        return
                 if time.perf_counter() >= deadline:
                     return
 

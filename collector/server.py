@@ -196,7 +196,7 @@ class CollectorApi:
         reserved up front: a slow client declaring 64 MiB holds only what it has sent."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit():
+        if declared is not None and declared.isascii() and declared.isdigit():
             if int(declared) > limit:
                 return _too_large(self.writer, self.config, _source(request))
             buf = bytearray()
@@ -372,7 +372,8 @@ def _page_params(q: Any) -> dict[str, Any] | Response:
     out: dict[str, Any] = {}
     for name, default, hi in (("limit", RUNS_PAGE, RUNS_PAGE_MAX), ("offset", 0, 2**62)):
         raw = q.get(name) or None
-        if raw is not None and not (raw.isdigit() and int(raw) <= hi):
+        if raw is not None and not (raw.isascii() and raw.isdigit() and len(raw) <= 19
+                                    and int(raw) <= hi):
             return bad(name, f"a whole number from 0 to {hi}, got {raw[:40]!r}")
         out[name] = default if raw is None else int(raw)
     sort = q.get("sort") or "start"

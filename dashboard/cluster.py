@@ -76,7 +76,8 @@ def side_from_spec(spec: str | None, default: dict[str, Any]) -> dict[str, Any]:
     return {"gang": "partial" not in parts, "topo": "topo" in parts, "fair": "fair" in parts,
             "preempt": "ckpt" if "ckpt-preempt" in parts else
             "kill" if "kill-preempt" in parts else "none",
-            "spares": int(spares) if spares.isdigit() else 0}
+            "spares": int(spares) if spares.isascii() and spares.isdigit()
+            and len(spares) <= 6 else 0}
 
 
 def node_hours_figure(result: dict[str, Any]) -> go.Figure:
@@ -171,7 +172,8 @@ def cluster_layout(query: dict[str, str] | None = None) -> html.Div:
     from goodlens.analysis.clustersim.config import CLUSTER_PRESETS
     q = query or {}
     preset = q.get("preset") if q.get("preset") in CLUSTER_PRESETS else "demo-256"
-    seed = int(q["seed"]) if q.get("seed", "").isdigit() else 0
+    text = q.get("seed", "")
+    seed = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else 0
     return html.Div([
         html.H2("Cluster what-if: two scheduling policy sets"),
         html.P("The same simulated cluster, jobs and node failures under two policy sets "

@@ -21,12 +21,13 @@ from goodlens.cli.common import (
 )
 from goodlens.model.jsonable import plain, records
 from goodlens.model.units import format_duration, format_instant
+from goodlens.storage.reports import SORT_KEYS
 
 _RUN_COLUMNS = [("run_id", "run"), ("state", "state"), ("goodput_pct", "goodput"),
                 ("world_size", "ranks"), ("attempts", "attempts"), ("steps", "steps"),
                 ("last_step", "last step"), ("duration", "duration"),
                 ("started", "started (UTC)")]
-_SORTS = ("start", "goodput", "duration", "state", "name", "run", "steps", "last_activity")
+_SORTS = tuple(SORT_KEYS)
 
 
 @click.command()

@@ -49,6 +49,8 @@ __all__ = ["BatchChoice", "Decision", "EvictionClient", "EvictionPolicy", "agree
 log = logging.getLogger("goodlens.exporter.elastic")
 
 MODES = ("off", "on", "dry_run")
+#: Most ``rank_evicted`` events one decision records (one per rank of the node).
+MAX_RANKS_PER_NODE = 1024
 
 
 def batch_for_world(global_batch: int, world_size: int, micro_batch: int, *,
@@ -208,13 +210,16 @@ class EvictionClient:
             conf = 0.0
         recent = [x for x in past if x.get("verdict") in ("evict", "dry_run")
                   and now - float(x.get("time", 0.0)) < 3600.0]
+        # a node this client evicted this hour is gone, even if its list still names it
+        gone = {x.get("host") for x in recent if x.get("verdict") == "evict"}
+        world = [n for n in self.nodes if n not in gone]
         if finding.get("action") != "evict":
             verdict = "refused:not_evict"
-        elif host not in self.nodes:
+        elif host not in world:
             verdict = "refused:not_in_world"
         elif not conf >= p.min_confidence:
             verdict = "refused:confidence"
-        elif len(self.nodes) - 1 < p.min_nodes:
+        elif len(world) - 1 < p.min_nodes:
             verdict = "refused:min_nodes"
         elif len(recent) >= p.max_per_hour:
             verdict = "refused:cap"
@@ -236,7 +241,10 @@ class EvictionClient:
         detail = json.dumps({"finding": d.finding, "policy": asdict(self.policy),
                              "nodes": self.nodes}, default=str)
         ranks = d.finding.get("ranks") or [None]
-        for r in ranks if isinstance(ranks, list) else [None]:
+        # one event per rank the finding names, but never more than a node can hold (the
+        # list comes from the collector: a garbage one must not flood the job's events)
+        ranks = ranks[:MAX_RANKS_PER_NODE] if isinstance(ranks, list) else [None]
+        for r in ranks:
             fields: dict[str, Any] = {"host": d.host, "cause": cause, "detail": detail,
                                       "step": d.finding.get("last_step")}
             fields["rank"] = r if isinstance(r, int) and not isinstance(r, bool) else None

@@ -328,7 +328,8 @@ class ParquetStore(SqlReader):
             return 0  # compacted away meanwhile: the merged segment is picked up next time
         if ranges:
             con.executemany("INSERT INTO dirty VALUES (?, ?, ?, ?)", ranges)
-            reports.mark_changed(con, [r[0] for r in ranges])
+            if not self.read_only:  # a reader keeps no reports: nothing would take them
+                reports.mark_changed(con, [r[0] for r in ranges])
         with self._lock:
             self._seen.update(new)
         return len(new)

@@ -106,15 +106,28 @@ def mark_changed(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> None
 
 def take_changed(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The runs whose rows changed since the last call, with ``report_dirty`` cleared and
-    the stored reports of finished ones marked stale, in the caller's transaction (the
-    summarising pass's). A live run's row is not marked: it is recomputed as it goes."""
+    their stored rows marked stale, in the caller's transaction (the summarising pass's):
+    until the collector saves them again, readers take those runs from the raw tables, and
+    a collector restarted after a crash redoes them first."""
     ids = [r for (r,) in con.execute(
         "SELECT DISTINCT run_id FROM report_dirty ORDER BY run_id").fetchall()]
     if ids:
-        con.execute("UPDATE run_reports SET stale = true WHERE final AND NOT stale AND "
+        con.execute("UPDATE run_reports SET stale = true WHERE NOT stale AND "
                     "run_id IN (SELECT run_id FROM report_dirty)")
         con.execute("DELETE FROM report_dirty")
     return ids
+
+
+def mark_all_stale(con: duckdb.DuckDBPyConnection, version: str) -> bool:
+    """Mark every stored row stale when the reports were computed by another goodlens
+    version than ``version`` (the accounting may have changed); record ``version``.
+    Returns whether it marked them."""
+    row = con.execute("SELECT value FROM meta WHERE key = 'reports_version'").fetchall()
+    if row and row[0][0] == version:
+        return False
+    con.execute("UPDATE run_reports SET stale = true WHERE NOT stale")
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('reports_version', ?)", [version])
+    return bool(row)
 
 
 def save(con: duckdb.DuckDBPyConnection, rows: list[ReportRow]) -> None:
@@ -145,13 +158,6 @@ def index_missing(con: duckdb.DuckDBPyConnection) -> int:
         SELECT run_id, NULL, false, false, state, start, last_time, attempts, steps, last_step,
           NULL, NULL, NULL, NULL
         FROM ({sql}) WHERE run_id NOT IN (SELECT run_id FROM run_reports)""").fetchall()[0][0])
-
-
-def stale(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Runs whose finished report went stale (rows arrived; a crash came before the
-    report was redone)."""
-    return [r for (r,) in con.execute(
-        "SELECT run_id FROM run_reports WHERE stale ORDER BY run_id").fetchall()]
 
 
 def due(con: duckdb.DuckDBPyConnection, limit: int) -> list[str]:
@@ -222,24 +228,30 @@ def runs_page(con: duckdb.DuckDBPyConnection, *, limit: int | None = None, offse
     return df, total
 
 
+#: The runs whose stored row is current: not stale, and no rows of theirs awaiting a pass.
+_CURRENT = ("SELECT run_id FROM run_reports WHERE NOT stale AND run_id NOT IN "
+            "(SELECT run_id FROM report_dirty)")
+
+
 def _list_source(con: duckdb.DuckDBPyConnection, stored: bool) -> str:
-    """The runs list as a relation: stored rows joined with the metadata, plus the raw
-    tables' rows for runs not indexed yet or whose finished report went stale (none once a
-    collector has indexed the store and caught up)."""
-    raw = RUNS_FROM_ROWS.format(only="")
+    """The runs list as a relation: the stored rows that are current, joined with the
+    metadata, plus the raw tables' rows of the other runs (not indexed yet, stale, or with
+    rows no summarising pass has taken yet: a few live runs in a collector; every changed
+    run of a file written without one, e.g. by ``end-run --db``)."""
     if not stored:
-        return raw
-    missing = con.execute("SELECT count(*) FROM runs WHERE run_id NOT IN "
-                          "(SELECT run_id FROM run_reports WHERE NOT stale)").fetchall()[0][0]
-    known = """SELECT r.run_id, r.name, r.world_size, r.gpus_per_rank, r.global_batch,
+        return RUNS_FROM_ROWS.format(only="")
+    others = con.execute(f"SELECT count(*) FROM runs WHERE run_id NOT IN ({_CURRENT})"
+                         ).fetchall()[0][0]
+    known = f"""SELECT r.run_id, r.name, r.world_size, r.gpus_per_rank, r.global_batch,
                  r.model_params, r.tags, p.attempts, p.steps, p.last_step,
                  coalesce(p.start, r.first_seen) AS start, p.last_time, p.state, p.goodput,
                  p.wall_clock_s
-               FROM runs r JOIN run_reports p USING (run_id) WHERE NOT p.stale"""
-    if not missing:
+               FROM runs r JOIN run_reports p USING (run_id)
+               WHERE p.run_id IN ({_CURRENT})"""
+    if not others:
         return known
-    return (f"{known} UNION ALL SELECT * FROM ({raw}) "
-            "WHERE run_id NOT IN (SELECT run_id FROM run_reports WHERE NOT stale)")
+    raw = RUNS_FROM_ROWS.format(only=f"WHERE run_id NOT IN ({_CURRENT})")
+    return f"{known} UNION ALL SELECT * FROM ({raw})"
 
 
 def has_reports_table(con: duckdb.DuckDBPyConnection) -> bool:

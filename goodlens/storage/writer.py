@@ -201,7 +201,7 @@ class Writer:
                 if dt <= ub:
                     st.commit_buckets[i] += 1
                     break
-            for (_, _, rows), res in zip(items, results):
+            for (batch, _, rows), res in zip(items, results):
                 st.queued_rows -= rows
                 if isinstance(res, BaseException):
                     st.batches_failed += 1
@@ -211,7 +211,7 @@ class Writer:
                     st.steps_duplicate += res.steps_duplicate
                     st.events_inserted += res.events_inserted
                     st.events_duplicate += res.events_duplicate
-                    if res.steps_inserted or res.events_inserted:
+                    if res.steps_inserted or res.events_inserted or batch.run:
                         self._summarizer.poke()  # new summaries, or a report to redo
         for (_, fut, _), res in zip(items, results):
             if isinstance(res, BaseException):

@@ -126,6 +126,7 @@ def test_the_runs_list_is_sorted_filtered_and_paged_on_the_stored_rows(tmp_path)
                                    "time": [T0 + i], "attempt": 0}})
             for i, (r, n) in enumerate([("a", "llama-a"), ("b", "gpt-b"), ("c", "llama-c"),
                                         ("d", "other-d")])])
+        store.summarize_dirty(changed=[])  # the pass that takes their rows
         con = store.cursor()
         # stored rows for a, b and c; d has none yet (listed from its rows, no goodput)
         reports.save(con, [_row("a", 0.5, "completed", T0, 100.0),
@@ -197,4 +198,25 @@ def test_an_end_event_alone_makes_the_run_final_within_a_pass(tmp_path):
         assert row.final and row.state == "completed" and row.wall_clock_s == 11.0
     finally:
         writer.stop()
+        store.close()
+
+
+def test_rows_written_without_a_collector_list_from_the_raw_tables(tmp_path):
+    """A stored row is not current once rows of its run await a pass (``end-run --db``
+    writes without a collector): the list takes that run from its rows."""
+    store = Store(tmp_path / "s.duckdb")
+    try:
+        store.write_group([validate_batch(_lifetime("r", end=None)),
+                           validate_batch(_steps("r", 0, [0, 1, 2]))])
+        store.summarize_dirty(changed=[])
+        reports.save(store.cursor(), [_row("r", 0.5, "running", T0, 4.0, final=False)])
+        assert list(store.runs_page()[0].state) == ["running"]
+        assert list(store.runs_page()[0].goodput) == [0.5]
+        end = {"schema_version": 1, "run_id": "r", "events": {
+            "source": "launcher", "seq": [1], "kind": ["attempt_end"], "time": [T0 + 11],
+            "attempt": 0, "cause": ["completed"]}}
+        store.write_group([validate_batch(end)])
+        listed = store.runs_page()[0]
+        assert list(listed.state) == ["completed"] and math.isnan(listed.goodput.iloc[0])
+    finally:
         store.close()
