@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from goodlens.collector.serving import json_response
 
 __all__ = ["actions_route", "evictions"]
 
@@ -51,17 +52,14 @@ def evictions(detection: Any, run_id: str) -> list[dict[str, Any]]:
 def actions_route(api: Any) -> Route:
     """``GET /v1/actions?run=ID`` over a :class:`~goodlens.collector.server.CollectorApi`
     (its token check and its detection service): ``{"run", "detection", "evict": [...]}``."""
-    def _json(obj: Any, status: int = 200) -> Response:
-        return Response(orjson.dumps(obj), status, media_type="application/json")
-
     async def actions(request: Request) -> Response:
         if (err := api.auth_error(request)) is not None:
             return err
         run_id = request.query_params.get("run")
         if not run_id:
-            return _json({"error": "name the run: /v1/actions?run=ID", "field": "run"}, 422)
+            return json_response({"error": "name the run: /v1/actions?run=ID", "field": "run"}, 422)
         detection = getattr(api, "detection", None)
-        return _json({"run": run_id, "detection": detection is not None,
+        return json_response({"run": run_id, "detection": detection is not None,
                       "evict": evictions(detection, run_id)})
 
     return Route("/v1/actions", actions, methods=["GET"])

@@ -18,15 +18,13 @@ import threading
 import time
 from typing import Any
 
-import orjson
-
 from goodlens.collector.relay import (
     Answer,
     Relay,
     RelayConfig,
     answer,
 )
-from goodlens.collector.serving import serve_until_exit
+from goodlens.collector.serving import json_response, serve_until_exit
 from goodlens.exporter.private import UnsafePath, ensure_dir, open_private
 from goodlens.model.batch import BatchError
 from goodlens.model.batch_arrow import DECODERS
@@ -78,7 +76,7 @@ def create_app(relay: Relay) -> Any:
         return respond(await relay.submit(batch, data, ctype, header))
 
     async def healthz(request: Request) -> Response:
-        return Response(orjson.dumps(relay.health()), media_type="application/json")
+        return json_response(relay.health())
 
     return Starlette(routes=[Route("/v1/ingest", ingest, methods=["POST"]),
                              Route("/healthz", healthz, methods=["GET"])])

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -49,7 +48,13 @@ from goodlens.collector.actions import actions_route
 from goodlens.collector.metrics import make_registry
 from goodlens.collector.openapi import openapi_document
 from goodlens.collector.reports import KeeperConfig, ReportKeeper
-from goodlens.collector.serving import Limits, RequestGuard, serve_until_exit, uvicorn_config
+from goodlens.collector.serving import (
+    Limits,
+    RequestGuard,
+    json_response,
+    serve_until_exit,
+    uvicorn_config,
+)
 from goodlens.collector.tables import tables_route
 from goodlens.exporter.transport import is_loopback
 from goodlens.model.batch import BatchError
@@ -135,11 +140,6 @@ class ServerConfig:
                              "can push")
 
 
-def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(orjson.dumps(obj, default=plain, option=orjson.OPT_SERIALIZE_NUMPY),
-                    status, headers=headers, media_type="application/json")
-
-
 RootApp = Callable[[Store], Any]
 """Builds the ASGI app served at ``/`` over the open store (``goodlens serve``: the dashboard)."""
 
@@ -181,13 +181,13 @@ class CollectorApi:
         header = request.headers.get("authorization", "")
         if not header:
             self.writer.stats.reject("auth")
-            return _json({"error": "missing token: send 'Authorization: Bearer <token>'",
-                          "field": "authorization"}, 401, {"WWW-Authenticate": "Bearer"})
+            return json_response({"error": "missing token: send 'Authorization: Bearer <token>'",
+                                  "field": "authorization"}, 401, {"WWW-Authenticate": "Bearer"})
         scheme, _, value = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(),
                                                                  self.token):
             self.writer.stats.reject("auth")
-            return _json({"error": "wrong token", "field": "authorization"}, 403)
+            return json_response({"error": "wrong token", "field": "authorization"}, 403)
         return None
 
     async def _body(self, request: Request) -> bytes | bytearray | Response:
@@ -224,8 +224,8 @@ class CollectorApi:
         decode = DECODERS.get(ctype)
         if decode is None:
             writer.stats.reject("invalid", src)
-            return _json({"error": f"content type {ctype} not supported; send "
-                          f"{' or '.join(DECODERS)}", "field": "content-type"}, 415)
+            return json_response({"error": f"content type {ctype} not supported; send "
+                                  f"{' or '.join(DECODERS)}", "field": "content-type"}, 415)
         body = await self._body(request)
         if isinstance(body, Response):
             return body
@@ -233,24 +233,24 @@ class CollectorApi:
             batch = await run_in_threadpool(decode, body, _limits(self.config))
         except BatchError as exc:
             writer.stats.reject(exc.reason, src)
-            return _json(exc.as_dict(), exc.status)
+            return json_response(exc.as_dict(), exc.status)
         except Exception as exc:  # the decoders raise BatchError only; a safety net
             log.exception("decoding a push failed")
             writer.stats.reject("invalid", src)
-            return _json({"error": f"batch could not be decoded: {type(exc).__name__}",
-                          "field": None}, 400)
+            return json_response({"error": f"batch could not be decoded: {type(exc).__name__}",
+                                  "field": None}, 400)
         try:
             fut = writer.submit(batch)
         except Overloaded as exc:
             writer.stats.reject("overloaded", src)
-            return _json({"error": f"{exc}; retry later", "field": None}, 503,
-                         {"Retry-After": "1"})
+            return json_response({"error": f"{exc}; retry later", "field": None}, 503,
+                                 {"Retry-After": "1"})
         try:
             result = await asyncio.wrap_future(fut)
         except Exception as exc:
             log.exception("writing batch for run %s failed", batch.run_id)
-            return _json({"error": f"batch could not be stored: {exc}", "field": None}, 500)
-        return _json({"ok": True, **result.as_dict()})
+            return json_response({"error": f"batch could not be stored: {exc}", "field": None}, 500)
+        return json_response({"ok": True, **result.as_dict()})
 
     async def metrics(self, request: Request) -> Response:
         """``GET /metrics``: Prometheus text, read at scrape time."""
@@ -260,13 +260,14 @@ class CollectorApi:
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: liveness, version and queue depth (no token needed, so nothing
         about the machine: no paths)."""
-        return _json({"status": "ok", "version": __version__, "schema_version": SCHEMA_VERSION,
-                      "queue_rows": self.writer.queue_rows,
-                      "uptime_s": time.time() - self.started})
+        return json_response({"status": "ok", "version": __version__,
+                              "schema_version": SCHEMA_VERSION,
+                              "queue_rows": self.writer.queue_rows,
+                              "uptime_s": time.time() - self.started})
 
     async def openapi(self, request: Request) -> Response:
         """``GET /openapi.json``: this API as an OpenAPI 3.0 document (no token needed)."""
-        return _json(openapi_document(__version__))
+        return json_response(openapi_document(__version__))
 
     async def runs(self, request: Request) -> Response:
         """``GET /v1/runs?limit=&offset=&sort=&order=&state=&q=``: a page of the runs list
@@ -279,9 +280,10 @@ class CollectorApi:
         df, total = await run_in_threadpool(lambda: self.store.runs_page(**page))
         offset, limit = page["offset"], page["limit"]
         more = offset + len(df) < total
-        return _json({"runs": records(df), "total": total, "offset": offset, "limit": limit,
-                      "sort": page["sort"], "order": "desc" if page["descending"] else "asc",
-                      "next_offset": offset + len(df) if more else None})
+        return json_response({"runs": records(df), "total": total, "offset": offset,
+                              "limit": limit, "sort": page["sort"],
+                              "order": "desc" if page["descending"] else "asc",
+                              "next_offset": offset + len(df) if more else None})
 
     async def run(self, request: Request) -> Response:
         """``GET /v1/runs/{run_id}``: one run and its attempts."""
@@ -293,9 +295,9 @@ class CollectorApi:
             return self.store.run(run_id), self.store.attempts(run_id)
         info, attempts = await run_in_threadpool(load)
         if info is None:
-            return _json({"error": f"no run {run_id!r}; list runs at /v1/runs",
-                          "field": "run_id"}, 404)
-        return _json({"run": plain(info), "attempts": records(attempts)})
+            return json_response({"error": f"no run {run_id!r}; list runs at /v1/runs",
+                                  "field": "run_id"}, 404)
+        return json_response({"run": plain(info), "attempts": records(attempts)})
 
     async def report(self, request: Request) -> Response:
         """``GET /v1/report?run=&since=&until=&exclude=&as_of=``: ``goodlens report``'s
@@ -320,10 +322,11 @@ class CollectorApi:
         try:
             rep = await run_in_threadpool(build)
         except KeyError as exc:
-            return _json({"error": f"{exc.args[0]}; list runs at /v1/runs", "field": "run"}, 404)
+            return json_response({"error": f"{exc.args[0]}; list runs at /v1/runs",
+                                  "field": "run"}, 404)
         except ValueError as exc:
-            return _json({"error": str(exc), "field": "since/until/as_of"}, 422)
-        return _json(rep)
+            return json_response({"error": str(exc), "field": "since/until/as_of"}, 422)
+        return json_response(rep)
 
     async def sync(self, request: Request) -> Response:
         """``POST /v1/sync``: everything queued committed and summarised before it answers."""
@@ -332,9 +335,9 @@ class CollectorApi:
         try:
             await run_in_threadpool(self.writer.sync)
         except TimeoutError as exc:
-            return _json({"error": f"{exc}; the collector is behind, try again", "field": None},
-                         504)
-        return _json({"ok": True})
+            return json_response({"error": f"{exc}; the collector is behind, try again",
+                                  "field": None}, 504)
+        return json_response({"ok": True})
 
 
 def create_app(store: Store, writer: Writer, config: ServerConfig,
@@ -353,8 +356,9 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
 
 async def _http_error(request: Request, exc: Any) -> Response:
     """404/405 as JSON, like every other answer of the API (see /openapi.json)."""
-    return _json({"error": f"{exc.detail}: {request.method} {request.url.path}; the API is "
-                  "described at /openapi.json", "field": None}, exc.status_code, exc.headers)
+    return json_response({"error": f"{exc.detail}: {request.method} {request.url.path}; the "
+                          "API is described at /openapi.json", "field": None},
+                         exc.status_code, exc.headers)
 
 
 #: A live run's report the keeper computed at most this long ago (longer for a run whose
@@ -368,7 +372,7 @@ RUNS_PAGE, RUNS_PAGE_MAX = 1000, 10_000
 def _page_params(q: Any) -> dict[str, Any] | Response:
     """``/v1/runs``'s paging, sort and filters, checked (422 naming the parameter)."""
     def bad(name: str, why: str) -> Response:
-        return _json({"error": f"{name}: {why}", "field": name}, 422)
+        return json_response({"error": f"{name}: {why}", "field": name}, 422)
     out: dict[str, Any] = {}
     for name, default, hi in (("limit", RUNS_PAGE, RUNS_PAGE_MAX), ("offset", 0, 2**62)):
         raw = q.get(name) or None
@@ -411,8 +415,8 @@ def _source(request: Request) -> str | None:
 def _too_large(writer: Writer, config: ServerConfig, source: str | None = None) -> Response:
     """The 413 answer to a body over ``--max-body`` (counted as ``too_large``)."""
     writer.stats.reject("too_large", source)
-    return _json({"error": f"batch larger than {config.max_body_bytes} bytes; send smaller "
-                  "batches or raise --max-body", "field": None}, 413)
+    return json_response({"error": f"batch larger than {config.max_body_bytes} bytes; send smaller "
+                          "batches or raise --max-body", "field": None}, 413)
 
 
 def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",

@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from goodlens.model.jsonable import plain
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -51,6 +53,14 @@ class Limits:
             raise ValueError("the header and body timeouts must be positive")
         if self.max_connections < 4:
             raise ValueError("max_connections must be at least 4")
+
+
+def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> Any:
+    """``obj`` as a JSON response (numpy values and timestamps made plain), for every route
+    of every goodlens server."""
+    from starlette.responses import Response
+    return Response(orjson.dumps(obj, default=plain, option=orjson.OPT_SERIALIZE_NUMPY),
+                    status, headers=headers, media_type="application/json")
 
 
 BODY_GRACE_S = 2.0

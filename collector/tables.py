@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pyarrow as pa
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from goodlens.collector.serving import json_response
 from goodlens.model.wire import ARROW
 
 __all__ = ["TABLES", "table_bytes", "tables_route"]
@@ -40,8 +40,7 @@ def tables_route(api: Any) -> Route:
     (its token check and its store): one table of one run as an Arrow IPC stream; 404 for
     an unknown run or table, 422 without ``run``."""
     def _error(text: str, field: str, status: int) -> Response:
-        return Response(orjson.dumps({"error": text, "field": field}), status,
-                        media_type="application/json")
+        return json_response({"error": text, "field": field}, status)
 
     async def table(request: Request) -> Response:
         if (err := api.auth_error(request)) is not None:
