@@ -3,12 +3,16 @@
 Why it exists: ``goodlens detect`` replays a whole run (2,048 ranks x 3,000 steps) through the
 same detector the collector runs live, and stepping it one step at a time cost ~100 numpy
 calls per step. Everything that does not depend on the detector's state (logs, the
-reference median, each level's medians, residuals, the cross-section spreads) depends only
-on the step's times and on which subjects are suspect, and that set changes rarely. So a
-block of steps is prepared with a few numpy calls over a steps x ranks matrix, and only the
-recursions (the CUSUMs, the noise scales' EWMAs) run step by step; when the suspect set
-changes, the rest of the block is prepared again. One step is a block of one, so live and
-batch detection are the same computation and give the same findings.
+reference median, each level's medians, residuals, the cross-section spreads, each unit's
+relative excess and wait) depends only on the step's times and on which subjects are
+suspect, and that set changes rarely. So a block of steps is prepared with a few numpy calls
+over a steps x ranks matrix, and only the recursions (the CUSUMs, the noise scales' EWMAs)
+run step by step (:mod:`~goodlens.detectors.fastforward` runs those for many quiet steps at
+once); when the suspect set changes, the rest of the block is prepared again. One step is a
+block of one, so live and batch detection are the same computation and give the same
+findings. The live step at 16,384 ranks is ~1.1-1.5 ms: medians by partition or SIMD sort
+instead of ``np.median``, host and switch medians by a sorting network over every group at
+once, index arrays kept per suspect set, and indexed copies where few units change.
 """
 
 from __future__ import annotations
@@ -41,8 +45,12 @@ class Block:
     """Rows x units: each unit's log excess over its siblings (0 where not scored)."""
     have: np.ndarray | None
     """Rows x units: whether the unit was scored (None: every unit of every row)."""
-    base: np.ndarray
-    """Rows x units: seconds one unit of relative excess costs (its parent's time)."""
+    rel: np.ndarray
+    """Rows x units: each unit's relative excess, exp(res) - 1 clipped to [-0.5, 1] (the
+    running totals' term, prepared for the block at once)."""
+    wait: np.ndarray
+    """Rows x units: seconds of wait the unit's excess cost (its positive relative excess
+    times its parent's time)."""
     spread: np.ndarray
     """Rows x 3: the robust spread of the rank, host and switch residuals across the quiet
     units (NaN where fewer than 8 units: the detector then leans on the level below)."""
@@ -56,43 +64,100 @@ class Block:
         return rows
 
 
-def prepare(lay: Layout, ready: np.ndarray, excl: np.ndarray, quiet: np.ndarray,
-            min_ranks: int) -> Block:
+@dataclass
+class Excluded:
+    """What a suspect set leaves out, as the index arrays :func:`prepare` uses (built once per
+    change of the set, which is rare, not once per step)."""
+
+    keep: np.ndarray | None
+    """Ranks in the reference (None: every rank)."""
+    quiet: np.ndarray
+    """Per unit: whether its spread measures the noise (no suspect)."""
+    cols: list[np.ndarray | None]
+    """Per level, the quiet units the spread is measured on (None: fewer than 8)."""
+
+
+def capped_scores(res: np.ndarray, scale: np.ndarray, k_sigmas: float, k_floor: np.ndarray,
+                  cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(z, k)``: each unit's CUSUM increment, its residual less the drift allowance ``k``
+    (``k_sigmas`` noise units, at least ``k_floor``) in noise units, bounded to +-``cap`` so
+    one step's excursion cannot make a finding (one row or a block of rows alike)."""
+    k = scale * k_sigmas
+    np.maximum(k, k_floor, out=k)
+    z = res - k
+    z /= scale
+    np.maximum(z, -cap, out=z)
+    np.minimum(z, cap, out=z)
+    return z, k
+
+
+def excluded(lay: Layout, excl: np.ndarray, quiet: np.ndarray) -> Excluded:
+    """An :class:`Excluded` from ``excl`` (ranks left out of the reference) and ``quiet``."""
+    return Excluded(np.flatnonzero(~excl) if excl.any() else None, quiet,
+                    [_spread_cols(lay, quiet, lv) for lv in range(3)])
+
+
+def _spread_cols(lay: Layout, quiet: np.ndarray, lv: int) -> np.ndarray | None:
+    """The units of level ``lv`` a spread is measured on: the quiet ones, evenly strided down
+    to at most ``_MAD_SAMPLE`` (None: fewer than 8)."""
+    n = lay.n
+    bounds = (0, n, n + lay.n_hosts, n + lay.n_hosts + lay.n_sw)
+    cols = np.flatnonzero(quiet[bounds[lv]:bounds[lv + 1]]) + bounds[lv]
+    if len(cols) < 8:
+        return None
+    if len(cols) > _MAD_SAMPLE:
+        cols = cols[::-(-len(cols) // _MAD_SAMPLE)]
+    return cols
+
+
+def prepare(lay: Layout, ready: np.ndarray, ex: Excluded, min_ranks: int) -> Block:
     """A :class:`Block` from rows x ranks times to reach the collective (NaN: no report),
-    with ``excl`` the ranks left out of the reference and ``quiet`` the units whose spread
-    measures the noise."""
+    with ``ex`` the ranks left out of the reference and the units whose spread measures the
+    noise."""
     c = np.asarray(ready, dtype=np.float32)   # log times to ~1e-7: far under any noise
-    valid = np.isfinite(c) & (c > 0)
-    nvalid = valid.sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.log(c)
-    if not valid.all():
+    valid = np.isfinite(x)   # (finite and > 0: the log of anything else is not finite)
+    complete = bool(valid.all())
+    if complete:
+        nvalid = np.full(len(x), x.shape[1])
+    else:
+        nvalid = valid.sum(axis=1)
         x[~valid] = np.nan
-    ref = _reference(x, valid, excl, min_ranks)
+    ref = _reference(x, complete, ex.keep, min_ranks)
     t = x - ref[:, None]
     res, base = _residuals(lay, t, ref)
     have = np.isfinite(res)
     every = bool(have.all())
-    r0 = res if every else np.where(have, res, 0.0)
     if every:
-        spread = _spreads(lay, res, quiet)
+        r0 = res.astype(float)
+        spread = _spreads(res, ex.cols)
     else:   # units missing on some rows: each row's spread over its own scored units
-        spread = np.stack([_spreads(lay, res[i:i + 1], quiet & have[i])[0]
-                           for i in range(len(res))])
-    base = np.where(np.isfinite(base), base, np.exp(ref)[:, None])
-    return Block(nvalid >= min_ranks, ref.astype(float), r0.astype(float),
-                 None if every else have, base.astype(float), spread)
+        r0 = np.where(have, res, 0.0).astype(float)
+        spread = np.stack([_spreads(res[i:i + 1], [
+            _spread_cols(lay, ex.quiet & have[i], lv) for lv in range(3)])[0]
+            for i in range(len(res))])
+    if not complete:   # (a parent with no value: its time is the reference's)
+        base = np.where(np.isfinite(base), base, np.exp(ref)[:, None])
+    exc = np.expm1(r0)
+    rel = np.minimum(exc, 1.0)
+    np.maximum(rel, -0.5, out=rel)
+    np.maximum(exc, 0.0, out=exc)
+    exc *= base.astype(float)
+    return Block(nvalid >= min_ranks, ref.astype(float), r0, None if every else have,
+                 rel, exc, spread)
 
 
-def _reference(x: np.ndarray, valid: np.ndarray, excl: np.ndarray, min_ranks: int
+def _reference(x: np.ndarray, complete: bool, keep: np.ndarray | None, min_ranks: int
                ) -> np.ndarray:
-    """Per row, the median log time of the ranks not excluded (all valid ranks when too
-    few are left)."""
-    if not excl.any():
+    """Per row, the median log time of the ranks kept (all valid ranks when too few are
+    left)."""
+    if keep is None:
         return row_median(x)
-    kept = x[:, ~excl]
+    kept = x.take(keep, axis=1)
     ref = row_median(kept)
-    few = np.isfinite(kept).sum(axis=1) < min_ranks
+    few = np.isfinite(kept).sum(axis=1) < min_ranks if not complete else \
+        np.full(len(x), len(keep) < min_ranks)
     if few.any():
         ref[few] = row_median(x[few])
     return ref
@@ -101,20 +166,35 @@ def _reference(x: np.ndarray, valid: np.ndarray, excl: np.ndarray, min_ranks: in
 def _residuals(lay: Layout, t: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows x units: each unit's log excess over its siblings' median one level up (NaN
     where the unit is not scored), and the seconds one unit of relative excess costs."""
-    rows = len(t)
+    rows, n = t.shape
     if lay.host is None:
         return t, np.broadcast_to(np.exp(ref)[:, None], t.shape)
-    hm = group_median(t, lay.host_members, lay.host_full)          # rows x hosts
-    parent_h = np.zeros((rows, lay.n_hosts), t.dtype)
-    sw_res = np.zeros((rows, 0), t.dtype)
+    hm = group_median(t, lay.host_members, lay.host_full, lay.host_contig)   # rows x hosts
+    nh, nw = lay.n_hosts, lay.n_sw
     if lay.sw is not None:
-        sm = group_median(hm, lay.sw_members, lay.sw_full)         # rows x switches
-        parent_h = np.where(lay.sw_split[lay.sw], sm[:, lay.sw], np.float32(0))
-        sw_res = np.where(lay.sw_split, sm, np.float32(np.nan))
-    host_res = np.where(lay.host_split, hm - parent_h, np.float32(np.nan))
-    parent_r = np.where(lay.host_split[lay.host], hm[:, lay.host], parent_h[:, lay.host])
-    res = np.concatenate([t - parent_r, host_res, sw_res], axis=1)
-    up = np.concatenate([parent_r, parent_h, np.zeros((rows, lay.n_sw), t.dtype)], axis=1)
+        sm = group_median(hm, lay.sw_members, lay.sw_full, lay.sw_contig)   # rows x switches
+        if lay.sw_all_split:
+            parent_h, sw_res = sm.take(lay.sw, axis=1), sm
+        else:
+            parent_h = np.where(lay.sw_split[lay.sw], sm[:, lay.sw], np.float32(0))
+            sw_res = np.where(lay.sw_split, sm, np.float32(np.nan))
+    else:
+        parent_h, sw_res = np.zeros((rows, nh), t.dtype), np.zeros((rows, 0), t.dtype)
+    if lay.host_all_split:
+        host_res = hm - parent_h
+        parent_r = hm.take(lay.host, axis=1)
+    else:
+        host_res = np.where(lay.host_split, hm - parent_h, np.float32(np.nan))
+        parent_r = np.where(lay.host_split[lay.host], hm[:, lay.host], parent_h[:, lay.host])
+    dt = np.result_type(t, parent_r, host_res, sw_res)
+    res = np.empty((rows, n + nh + nw), dt)
+    np.subtract(t, parent_r, out=res[:, :n])
+    res[:, n:n + nh] = host_res
+    res[:, n + nh:] = sw_res
+    up = np.empty((rows, n + nh + nw), np.result_type(parent_r, parent_h, t))
+    up[:, :n] = parent_r
+    up[:, n:n + nh] = parent_h
+    up[:, n + nh:] = 0
     # the parent's time: exp(ref + up), with exp(up) ~ 1 + up (up is a few percent: the
     # error is up^2 / 2 of the wait, and an exp over every unit of every row is costly)
     up += 1.0
@@ -122,19 +202,16 @@ def _residuals(lay: Layout, t: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray,
     return res, up
 
 
-def _spreads(lay: Layout, res: np.ndarray, quiet: np.ndarray) -> np.ndarray:
+def _spreads(res: np.ndarray, cols: list[np.ndarray | None]) -> np.ndarray:
     """Rows x 3 robust spreads (1.4826 x MAD) of each level's quiet units' residuals."""
-    n = lay.n
-    bounds = (0, n, n + lay.n_hosts, n + lay.n_hosts + lay.n_sw)
     out = np.full((len(res), 3), np.nan)
-    for lv in range(3):
-        cols = np.flatnonzero(quiet[bounds[lv]:bounds[lv + 1]]) + bounds[lv]
-        if len(cols) < 8:
+    for lv, c in enumerate(cols):
+        if c is None:
             continue
-        if len(cols) > _MAD_SAMPLE:
-            cols = cols[::-(-len(cols) // _MAD_SAMPLE)]
-        v = res[:, cols]
-        out[:, lv] = _MAD_TO_SIGMA * row_median(np.abs(v - row_median(v)[:, None]))
+        v = res.take(c, axis=1)
+        v -= row_median(v)[:, None]
+        np.abs(v, out=v)
+        out[:, lv] = _MAD_TO_SIGMA * row_median(v)
     return out
 
 
@@ -145,16 +222,21 @@ class Units:
     aside: an excursion's sum is a difference, so a step costs a few array operations."""
 
     def __init__(self, n: int) -> None:
-        self.s = np.zeros(n)
+        # the CUSUM (row 0) and a second one, one noise unit stricter (row 1): its excursion
+        # begins where a large shift began, not at a noise blip tens of steps before it (a
+        # loaded host's jitter); both step together
+        self.cusum = np.zeros((2, n))
+        self.s, self.s_hi = self.cusum
         self.start = np.full(n, -1, np.int64)
-        # a second CUSUM, one noise unit stricter: its excursion begins where a large shift
-        # began, not at a noise blip tens of steps before it (a loaded host's jitter)
-        self.s_hi = np.zeros(n)
         self.start_hi = np.full(n, -1, np.int64)
         self.h_cnt = np.zeros(n)   # the step count when it began
-        self.c_rel, self.c_cnt, self.c_pos, self.c_wait = (np.zeros(n) for _ in range(4))
-        self.b_rel, self.b_cnt, self.b_pos, self.b_wait = (np.zeros(n) for _ in range(4))
-        self.p_rel, self.p_cnt = np.zeros(n), np.zeros(n)   # totals at the excursion's peak
+        # running totals (relative excess, steps, steps over k, wait), their values where the
+        # excursion began and (the first two) at its peak: rows of one array each, so a
+        # step sets the rows of the units that rise or peak with one indexed copy
+        self.totals, self.begin, self.at_peak = np.zeros((4, n)), np.zeros((4, n)), np.zeros((2, n))
+        self.c_rel, self.c_cnt, self.c_pos, self.c_wait = self.totals
+        self.b_rel, self.b_cnt, self.b_pos, self.b_wait = self.begin
+        self.p_rel, self.p_cnt = self.at_peak
         self.peak = np.zeros(n)       # the CUSUM's highest value in this excursion: the shift
         self.mean = np.zeros(n)       # ends where it peaks, so a recovered subject's
         self.dev = np.zeros(n)        # estimate is not diluted by its recovery
@@ -191,6 +273,10 @@ class Units:
         m (weighted by their steps: a member's fresh short excursion barely moves it). From
         the main CUSUM's start even when the stricter one gives the onset: averaging from
         where a selected run of high steps began would bias it upwards."""
+        if len(m) == 1:   # (checked every step while a finding lasts: plain floats)
+            i = m[0]
+            rel = float(self.p_rel[i]) - float(self.b_rel[i])
+            return rel / max(float(self.p_cnt[i]) - float(self.b_cnt[i]), 1.0)
         rel = float((self.p_rel[m] - self.b_rel[m]).sum())
         return rel / max(float((self.p_cnt[m] - self.b_cnt[m]).sum()), 1.0)
 
@@ -202,56 +288,74 @@ class Units:
         self.ticks += 1
         if self.ticks % LEARN_EVERY and self.ticks > settle:
             return s
-        w = np.maximum(alpha * LEARN_EVERY, 1.0 / (self.nobs + 1))
-        d = np.minimum(np.abs(res - self.mean), 3.0 * s)
-        learn = ~self.flagged if have is None else have & ~self.flagged
-        self.mean = np.where(learn, self.mean + w * (res - self.mean), self.mean)
-        self.dev = np.where(learn, self.dev + w * (d - self.dev), self.dev)
-        self.nobs += learn
-        self.own = np.where(self.nobs >= settle, _MEANDEV_TO_SIGMA * self.dev, 0.0)
+        self.learn(res, have, alpha, settle, s)
         return s
 
-    def step(self, z: np.ndarray, res: np.ndarray, k: np.ndarray, base_s: np.ndarray,
-             have: np.ndarray | None, step: int, cap: float) -> None:
-        """One step of every unit's CUSUM and running totals (``res`` 0 where not scored)."""
-        # (np.where, not np.copyto(where=): the latter is ~10x slower on 19k units here)
-        new = self.s + z
+    def learn(self, res: np.ndarray, have: np.ndarray | None, alpha: float, settle: int,
+              s: np.ndarray) -> None:
+        """One step of the own scales' EWMAs (new arrays: a caller may keep the old ones)."""
+        w = 1.0 / (self.nobs + 1)
+        np.maximum(w, alpha * LEARN_EVERY, out=w)
+        dif = res - self.mean
+        d = np.abs(dif)
+        np.minimum(d, 3.0 * s, out=d)
+        mean = dif
+        mean *= w
+        mean += self.mean
+        d -= self.dev
+        d *= w
+        d += self.dev
+        # the units that learn: every scored one not flagged (flagged ones are few: their
+        # old values are put back, the same as np.where over every unit)
+        if have is None:
+            keep = np.flatnonzero(self.flagged) if self.flagged.any() else None
+        else:
+            keep = np.flatnonzero(self.flagged | ~have)
+        if keep is not None:
+            mean[keep], d[keep] = self.mean[keep], self.dev[keep]
+            learned = np.ones(len(mean))
+            learned[keep] = 0.0
+            self.nobs = self.nobs + learned
+        else:
+            self.nobs = self.nobs + 1.0
+        self.mean, self.dev = mean, d
+        settled = self.nobs >= settle
+        self.own = _MEANDEV_TO_SIGMA * d if settled.all() else \
+            np.where(settled, _MEANDEV_TO_SIGMA * d, 0.0)
+
+    def step(self, z: np.ndarray, res: np.ndarray, k: np.ndarray, blk: Block, j: int,
+             step: int, cap: float) -> None:
+        """One step of every unit's CUSUM and running totals: row ``j`` of ``blk``, scored
+        ``z`` with drift ``k``. (Where few units change, their indices are set: np.where over
+        every unit costs a branch per unit, ~80 us on 19k units when the mask is random.)"""
+        have = None if blk.have is None else blk.have[j]
+        new = self.cusum + z
+        new[1] -= 1.0
         np.maximum(new, 0.0, out=new)
         np.minimum(new, cap, out=new)
         if have is not None:
-            new = np.where(have, new, self.s)
+            new = np.where(have, new, self.cusum)
         on = new > 0
-        rising = on & (self.s == 0)
-        if rising.any():   # an excursion begins: its sums count from the totals so far
-            self.start[rising] = step
-            self.b_rel = np.where(rising, self.c_rel, self.b_rel)
-            self.b_cnt = np.where(rising, self.c_cnt, self.b_cnt)
-            self.b_pos = np.where(rising, self.c_pos, self.b_pos)
-            self.b_wait = np.where(rising, self.c_wait, self.b_wait)
-            self.peak[rising] = 0.0
-        hi = self.s_hi + z
-        hi -= 1.0
-        np.maximum(hi, 0.0, out=hi)
-        np.minimum(hi, cap, out=hi)
-        if have is not None:
-            hi = np.where(have, hi, self.s_hi)
-        rise_hi = (hi > 0) & (self.s_hi == 0)
-        if rise_hi.any():
-            self.start_hi[rise_hi] = step
-            self.h_cnt = np.where(rise_hi, self.c_cnt, self.h_cnt)
-        self.s_hi = hi
-        exc = np.expm1(res)
-        rel = np.minimum(exc, 1.0)
-        np.maximum(rel, -0.5, out=rel)
-        self.c_rel += rel
+        rising = self.cusum == 0
+        rising &= on
+        up = rising[0].nonzero()[0]
+        if len(up):   # an excursion begins: its sums count from the totals so far
+            self.start[up] = step
+            self.begin[:, up] = self.totals.take(up, axis=1)
+            self.peak[up] = 0.0
+        up = rising[1].nonzero()[0]
+        if len(up):
+            self.start_hi[up] = step
+            self.h_cnt[up] = self.c_cnt[up]
+        self.c_rel += blk.rel[j]
         self.c_cnt += 1.0 if have is None else have
         self.c_pos += res > k
-        np.maximum(exc, 0.0, out=exc)
-        exc *= base_s
-        self.c_wait += exc
-        top = new >= self.peak
-        top &= on
-        self.peak = np.where(top, new, self.peak)
-        self.p_rel = np.where(top, self.c_rel, self.p_rel)
-        self.p_cnt = np.where(top, self.c_cnt, self.p_cnt)
-        self.s = new
+        self.c_wait += blk.wait[j]
+        s = new[0]
+        top = s >= self.peak
+        top &= on[0]
+        np.maximum(self.peak, s, out=self.peak)   # (= s where top: the peak is >= 0)
+        up = top.nonzero()[0]
+        self.at_peak[:, up] = self.totals[:2].take(up, axis=1)
+        self.cusum = new
+        self.s, self.s_hi = new

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from goodlens.detectors.fastforward import fast_forward
 from goodlens.detectors.matrix import StepMatrix, frame_matrix
 from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
-from goodlens.detectors.scoring import Block, Units, prepare
+from goodlens.detectors.scoring import Block, Units, capped_scores, excluded, prepare
 from goodlens.detectors.topology import Layout, Topology
 
 __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topology",
@@ -230,6 +231,7 @@ class StragglerDetector:
         self.step_time = np.nan
         self.updates = 0
         self._excl = np.zeros(self.n, bool)
+        self._ex = excluded(self.layout, self._excl, ~self._sus)
         self._last_step = -1
 
     # ------------------------------------------------------------------ scoring
@@ -250,7 +252,8 @@ class StragglerDetector:
                     attempt: int | None = None) -> list[Finding]:
         """:meth:`update` for consecutive steps of one attempt at once (``ready`` rows x
         ranks): the same findings, prepared a block at a time (see
-        :mod:`~goodlens.detectors.scoring`)."""
+        :mod:`~goodlens.detectors.scoring`), quiet steps advanced many at once (see
+        :mod:`~goodlens.detectors.fastforward`)."""
         m = np.asarray(ready)   # any float dtype: each block is prepared in float32
         if m.ndim != 2 or m.shape[1] != self.n:
             raise ValueError(f"ready must have shape (steps, {self.n}), got {m.shape}")
@@ -264,12 +267,19 @@ class StragglerDetector:
         i = 0
         while i < len(m):
             rows = slice(i, min(i + _BLOCK, len(m)))
-            blk = prepare(self.layout, m[rows], self._excl, ~self._sus, self.config.min_ranks)
-            for j in range(len(blk.ref)):
-                i += 1
-                if not blk.scored[j]:
+            blk = prepare(self.layout, m[rows], self._ex, self.config.min_ranks)
+            j = 0
+            while j < len(blk.ref):
+                # steps where nothing can happen, many at once (the same state after them)
+                done = fast_forward(self, blk, j, steps, times, rows.start) \
+                    if len(blk.ref) - j > 1 else 0
+                if done:
+                    i, j = i + done, j + done
                     continue
-                out += self._advance(blk, j, int(steps[i - 1]), times[i - 1], attempt)
+                i, j = i + 1, j + 1
+                if not blk.scored[j - 1]:
+                    continue
+                out += self._advance(blk, j - 1, int(steps[i - 1]), times[i - 1], attempt)
                 if self._suspects_moved():
                     break   # the rest of the block is prepared again for the new set
         return out
@@ -284,13 +294,8 @@ class StragglerDetector:
         res = blk.res[j]
         have = None if blk.have is None else blk.have[j]
         s = u.own_scale(res, have, cfg.own_alpha, cfg.own_min_steps, level_s)
-        k = s * cfg.drift_k_sigmas
-        np.maximum(k, self._k_floor, out=k)
-        z = res - k
-        z /= s
-        np.maximum(z, -cfg.step_cap, out=z)
-        np.minimum(z, cfg.step_cap, out=z)
-        u.step(z, res, k, blk.base[j], have, step, cfg.cusum_cap * cfg.threshold_h)
+        z, k = capped_scores(res, s, cfg.drift_k_sigmas, self._k_floor, cfg.step_cap)
+        u.step(z, res, k, blk, j, step, cfg.cusum_cap * cfg.threshold_h)
         self._hot = u.s > cfg.suspect_fraction * cfg.threshold_h
         ref_s = float(np.exp(blk.ref[j]))
         st = step_time_s if step_time_s and step_time_s > 0 else ref_s
@@ -336,6 +341,7 @@ class StragglerDetector:
             if lay.sw is not None:
                 ex |= sus[self.n + lay.n_hosts:][lay.sw[lay.host]]
         self._excl = ex
+        self._ex = excluded(lay, ex, ~sus)
         return True
 
     # ------------------------------------------------------------------ findings
@@ -343,15 +349,17 @@ class StragglerDetector:
         cfg, u = self.config, self.units
         out: list[Finding] = []
         if self._sus.any():   # (flagged units are suspect: nothing to resolve otherwise)
-            for i in np.flatnonzero(u.flagged & (u.s == 0)):
+            fl = u.flagged.nonzero()[0]   # (few: the small arrays are cheap, not n-sized)
+            for i in fl[u.s[fl] == 0]:
                 u.flagged[i] = False
                 if int(i) in self._open:
                     out.append(self._emit(int(i), step, attempt, "resolved"))
         for g, o in list(self._open.items()):
             if o.members is not None and not u.flagged[o.members].any():
                 out.append(self._emit(g, step, attempt, "resolved"))
-        if self.updates >= cfg.min_steps and self._hot.any():
-            over = np.flatnonzero((u.s > cfg.threshold_h) & ~u.flagged)
+        hot = self._hot.nonzero()[0] if self.updates >= cfg.min_steps else ()
+        if len(hot):   # (over the threshold implies hot: the threshold's share is <= 1)
+            over = hot[(u.s[hot] > cfg.threshold_h) & ~u.flagged[hot]]
             for i in over[u.pos(over) >= cfg.persist_steps]:
                 if u.flagged[i]:   # taken into a roll-up at this step
                     continue

@@ -3,19 +3,49 @@
 Every command that reports numbers takes ``--json`` (seconds for every duration); durations
 on the command line accept ``90s``, ``5m``, ``24h``. Commands live one concern per module
 (``serve``, ``reports``, ``data``, ``sim``, ``cluster``, ``plan``, ``runs``, ``relay``) and
-share ``common``; this module only assembles them. Nothing in goodlens imports the CLI.
+share ``common``; this module only assembles them, importing a command's module when that
+command runs (``goodlens detect`` loads neither the server's nor the simulators' modules).
+Nothing in goodlens imports the CLI.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from goodlens import __version__
-from goodlens.cli import cluster, data, plan, relay, reports, runs, serve, sim
-from goodlens.cli.deadletter import deadletter as _deadletter
+
+#: command name -> (module under goodlens.cli, attribute): imported on first use
+_COMMANDS = {
+    "serve": ("serve", "serve"), "runs": ("reports", "runs"), "report": ("reports", "report"),
+    "simulate": ("sim", "simulate"), "detect": ("reports", "detect"),
+    "dashboard": ("serve", "dashboard"), "import": ("data", "import_cmd"),
+    "replay": ("data", "replay"), "export": ("data", "export"), "plan": ("plan", "plan"),
+    "relay": ("relay", "relay"), "end-run": ("runs", "end_run"),
+    "deadletter": ("deadletter", "deadletter"),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _LazyGroup(click.Group):
+    """A group whose commands' modules are imported when a command is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in _COMMANDS:
+            module, attr = _COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(f"goodlens.cli.{module}"), attr)
+            if cmd_name == "simulate":
+                from goodlens.cli import cluster
+                command.add_command(cluster.cluster)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=_LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="goodlens")
 def main() -> None:
     """goodlens: where the wall-clock of a large training run went, and what to do about it.
@@ -27,11 +57,5 @@ def main() -> None:
     including a --db that is missing or not a goodlens store.
     """
 
-
-for _command in (serve.serve, reports.runs, reports.report, sim.simulate, reports.detect,
-                 serve.dashboard, data.import_cmd, data.replay, data.export, plan.plan,
-                 relay.relay, runs.end_run, _deadletter):
-    main.add_command(_command)
-sim.simulate.add_command(cluster.cluster)
 
 __all__ = ["main"]
