@@ -6,9 +6,10 @@ bundled samples, and a synthetic 16,384-rank run (``--steps`` steps, rank 7 5% s
 like ``bench/accounting.py``'s). A real browser loads each run's overview and we time the
 page from navigation until its three graphs have drawn (cold: nothing cached; warm: a
 reload). Server time per callback is measured in process: what each page's callback does
-(read through the store, build figures, serialise the response), cold and warm cache. The
-baseline row is the naive heatmap: read the attempt's raw rank-step rows into pandas and
-pool them there, against the store's pooled SQL grid.
+(read through the store, build figures, serialise the response), cold and warm cache; for
+the ranks page at 16,384 ranks, also where its cold time goes (each store read, the layout
+and figures, the serialisation). The baseline row is the naive heatmap: read the attempt's
+raw rank-step rows into pandas and pool them there, against the store's pooled SQL grid.
 
     python bench/dashboard.py [--ranks 16384] [--steps 2000]
 """
@@ -49,6 +50,7 @@ def callback_times(store: Store, run_id: str, repeats: int = 3) -> list[list[str
         "runs": lambda d: pages.runs_body(d.runs(limit=50)[0]),
         "overview": lambda d: pages.overview_body(d.overview(run_id)),
         "ranks": lambda d: pages.ranks_body(d.ranks(run_id)),
+        "ranks, last 1 h window": lambda d: pages.ranks_body(d.ranks(run_id, since="-1h")),
         "overview, last 1 h window": lambda d: pages.overview_body(
             d.overview(run_id, (), "-1h", "")),
         "checkpoints (with costs at a price)": lambda d: pages.checkpoints_body(
@@ -89,6 +91,46 @@ def callback_times(store: Store, run_id: str, repeats: int = 3) -> list[list[str
         rows.append(["batch straggler scan (no live detector)",
                      f"{(time.perf_counter() - t) * 1000:.0f}", "-", "-", "(background)"])
     return rows
+
+
+def ranks_breakdown(store: Store, run_id: str, repeats: int = 5) -> list[list[str]]:
+    """Where the ranks page's cold callback spends its time: each store read, the page's
+    layout and figures, and the response's serialisation (ms, best of ``repeats``; each
+    part's best on its own, so the parts need not add up to the best total)."""
+    reads = ("run", "events", "attempts", "step_range", "heatmap", "host_compute")
+    best: dict[str, float] = {}
+    real = {name: getattr(store, name) for name in reads}
+    spent: dict[str, float] = {}
+
+    def timed(name: str) -> object:
+        def call(*a: object, **k: object) -> object:
+            t = time.perf_counter()
+            try:
+                return real[name](*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+        return call
+    try:
+        for name in reads:
+            setattr(store, name, timed(name))
+        for _ in range(repeats):
+            data = RunData(store, DashConfig())
+            data.findings(run_id, wait=True)
+            spent.clear()
+            t0 = time.perf_counter()
+            rk = data.ranks(run_id)
+            t1 = time.perf_counter()
+            body = pages.ranks_body(rk)
+            t2 = time.perf_counter()
+            _serialise(body)
+            t3 = time.perf_counter()
+            for k, v in {**spent, "layout and figures": t2 - t1, "serialise": t3 - t2,
+                         "data (all reads)": t1 - t0, "total": t3 - t0}.items():
+                best[k] = min(best.get(k, v), v)
+    finally:
+        for name in reads:
+            setattr(store, name, real[name])
+    return [[k, f"{v * 1000:.1f}"] for k, v in best.items()]
 
 
 def heatmap_baseline(store: Store, run_id: str, cfg: DashConfig) -> tuple[float, float]:
@@ -185,6 +227,8 @@ def main() -> None:
             print(table(callback_times(store, run),
                         ["page callback", "cold ms", "warm ms", "response KB", "target"],
                         markdown=True))
+        print("\nRanks page, cold: where the time goes (ms, best of 5 each)")
+        print(table(ranks_breakdown(big, "big"), ["part", "ms"], markdown=True))
         print("\nHeatmap: pooled in DuckDB vs raw rows pooled in pandas")
         hrows = []
         for store, run in ((samples, largest), (big, "big")):

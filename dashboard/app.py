@@ -170,22 +170,24 @@ def _register_ranks(app: dash.Dash, data: RunData) -> None:
                   Output("ranks-attempt", "options"),
                   Input("tick", "n_intervals"), Input("url", "pathname"),
                   Input("ranks-attempt", "value"), Input("ranks-pool", "value"),
-                  Input("ranks-span", "value"), State("ranks-version", "data"))
+                  Input("ranks-span", "value"), Input("win-since", "value"),
+                  Input("win-until", "value"), State("ranks-version", "data"))
     def ranks_page(_: Any, pathname: str | None, attempt: Any, pool: str, span: str,
-                   shown: Any) -> tuple:
+                   since: str | None, until: str | None, shown: Any) -> tuple:
         n = len(rk_outputs)
         kind, run_id = parse_path(pathname)
         if kind != "ranks" or run_id is None:
             return (NO,) * (n + 2)
-        v = data.data_version(run_id)
-        if v is None:
+        pick = None if attempt in (None, "latest") else int(attempt)
+        # cached per data version: a timer tick of an unchanged run reads one row
+        rk = data.ranks(run_id, pick, span == "all", since or "", until or "")
+        if rk is None:
             return (f"run {run_id!r} is gone", *(NO,) * (n + 1))
-        key = [*v, attempt, pool, span, data.findings_ready(run_id)]
+        key = [*rk["version"], attempt, pool, span, since or "", until or "",
+               rk["findings_source"] != "pending"]
         live = dash.ctx.triggered_id == "tick"
         if shown is not None and key == list(shown) and live:
             return (NO,) * (n + 2)
-        pick = None if attempt in (None, "latest") else int(attempt)
-        rk = data.ranks(run_id, pick, span == "all")
         parts = pages.ranks_parts(rk, pool or "max")
         values = [parts[i] for i in (*pages.RANKS_DIVS, *pages.RANKS_GRAPHS)]
         # "latest" follows a live run into its next attempt; the list grows with it

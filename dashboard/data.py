@@ -23,7 +23,8 @@ import pandas as pd
 from goodlens.analysis.accounting import account_run
 from goodlens.analysis.checkpoints import checkpoint_table
 from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stored_findings
-from goodlens.analysis.window import resolve_window
+from goodlens.analysis.report import fill_goodput, run_goodput
+from goodlens.analysis.window import resolve_window, window_of
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
@@ -79,7 +80,10 @@ class RunData:
         """What changes when a run receives data (None: no such run). A run in progress
         also changes with the clock (its wall-clock runs to now even while it is silent):
         one step per refresh period."""
-        info = self.store.run(run_id)
+        return self._version_of(self.store.run(run_id))
+
+    def _version_of(self, info: dict[str, Any] | None) -> tuple | None:
+        """:meth:`version` from the run's row (``RunReader.run``), read once by the caller."""
         if info is None:
             return None
         v = (int(info.get("steps") or 0), _f(info.get("last_time")),
@@ -116,21 +120,23 @@ class RunData:
         matches, since the order depends on all of them."""
         kw = {"sort": sort, "descending": descending, "state": state, "text": text}
         df, total = self.store.runs_page(limit=limit, offset=offset, **kw)
-        rows = [self._run_row(r) for r in df.to_dict("records")]
-        if sort == "goodput" and any(r["stored_goodput"] is None for r in rows):
-            rows = [self._run_row(r) for r in self.store.runs_page(**kw)[0].to_dict("records")]
-            known = sorted((r for r in rows if r["goodput"] is not None),
-                           key=lambda r: r["goodput"], reverse=descending)
-            rows = (known + [r for r in rows if r["goodput"] is None])[
-                offset:None if limit is None else offset + limit]
-        return rows, total
+        def unknown_after() -> bool:  # the store sorts runs without a goodput last
+            return offset + len(df) < total and is_missing(self.store.runs_page(
+                limit=1, offset=total - 1, **kw)[0].goodput.iloc[0])
+        rows = fill_goodput(df.to_dict("records"), self._account_row,
+                            every=lambda: self.store.runs_page(**kw)[0].to_dict("records"),
+                            unknown_after=unknown_after, by_goodput=sort == "goodput",
+                            descending=descending, offset=offset, limit=limit)
+        return [self._run_row(r) for r in rows], total
 
-    def _run_row(self, r: dict[str, Any]) -> dict[str, Any]:
+    def _account_row(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The goodput of a runs-list row no collector accounted (cached per version)."""
         v = (int(r.get("steps") or 0), _f(r.get("last_time")), int(r.get("attempts") or 0),
              str(r.get("state")))
-        stored = None if is_missing(r.get("goodput")) else float(r["goodput"])
-        gp = stored if stored is not None else self._cached(
-            ("goodput", r["run_id"], v), lambda: _goodput(self.store, r["run_id"]))
+        return {"goodput": self._cached(("goodput", r["run_id"], v),
+                                        lambda: run_goodput(self.store, r["run_id"])[0])}
+
+    def _run_row(self, r: dict[str, Any]) -> dict[str, Any]:
         start, last = _f(r.get("start")), _f(r.get("last_time"))
         ws, gpr = r.get("world_size"), r.get("gpus_per_rank")
         wall = None if is_missing(r.get("wall_clock_s")) else float(r["wall_clock_s"])
@@ -139,7 +145,7 @@ class RunData:
                 "attempts": int(r.get("attempts") or 0), "steps": int(r.get("steps") or 0),
                 "start": start, "duration_s": wall if wall is not None else (
                     (last - start) if not (math.isnan(start) or math.isnan(last)) else None),
-                "goodput": gp, "stored_goodput": stored}
+                "goodput": None if is_missing(r.get("goodput")) else float(r["goodput"])}
 
     def overview(self, run_id: str, exclude: tuple[str, ...] = (), since: str = "",
                  until: str = "") -> dict[str, Any] | None:
@@ -257,52 +263,76 @@ class RunData:
         return {"run": run_id, "table": table, "measured": md, "cost": cost,
                 "window_error": error}
 
-    def ranks(self, run_id: str, attempt: int | None = None, whole: bool = False
-              ) -> dict[str, Any] | None:
-        """The rank x step heatmap of one attempt (default: the latest with steps), findings,
-        roll-ups; re-read only when data arrives (not with the clock)."""
-        v = self.data_version(run_id)
+    def ranks(self, run_id: str, attempt: int | None = None, whole: bool = False,
+              since: str = "", until: str = "") -> dict[str, Any] | None:
+        """The rank x step heatmap of one attempt (default: the latest with steps in the
+        window), the host roll-up over the same steps, and the run's findings. ``since`` /
+        ``until``: the window (as ``report --since --until`` reads it) whose steps the grid
+        and the hosts cover. The grid is re-read only when data arrives (not with the
+        clock), unless a window is read against a live run's moving end. ``version``: what
+        the answer was drawn for."""
+        info = self.store.run(run_id)
+        v = self._version_of(info)
         if v is None:
             return None
-        ready = self.findings_ready(run_id)
-        return self._cached(("ranks", run_id, v, attempt, ready, whole),
-                            lambda: self._ranks(run_id, attempt, whole))
+        since, until = since or "", until or ""
+        key = v if (since or until) else v[:4]
+        grid = self._cached(("ranks", run_id, key, attempt, whole, since, until),
+                            lambda: self._ranks(run_id, info, attempt, whole, since, until))
+        found, source = self.findings(run_id, info=info)
+        return {**grid, "findings": found, "findings_source": source, "version": key}
 
-    def _ranks(self, run_id: str, attempt: int | None, whole: bool = False) -> dict[str, Any]:
+    def _ranks(self, run_id: str, info: dict[str, Any], attempt: int | None,
+               whole: bool = False, since: str = "", until: str = "") -> dict[str, Any]:
         cfg = self.config
         attempts = self.store.attempts(run_id)
         known = [int(a) for a in attempts.attempt] if len(attempts) else []
-        if attempt is None or attempt not in known:
-            ranged = [a for a in reversed(known) if self.store.step_range(run_id, a)]
-            attempt = ranged[0] if ranged else (known[-1] if known else 0)
-        span = self.store.step_range(run_id, attempt)
         out: dict[str, Any] = {"run": run_id, "attempt": attempt, "attempts": known,
-                               "grid": None, "hosts": None, "findings": [],
-                               "findings_source": "none"}
+                               "grid": None, "hosts": None, "window": None,
+                               "since": None, "until": None, "window_error": None,
+                               "picked": attempt in known}
+        try:
+            out["since"], out["until"] = lo, hi = window_of(since, until, attempts)
+        except ValueError as exc:
+            lo = hi = None
+            out["window_error"] = str(exc)
+        span = None
+        if out["picked"]:
+            span = self.store.step_range(run_id, attempt, lo, hi)
+        else:  # the latest attempt with steps (in the window)
+            attempt = known[-1] if known else 0
+            for a in reversed(known):
+                span = self.store.step_range(run_id, a, lo, hi)
+                if span is not None:
+                    attempt = a
+                    break
+        out["attempt"] = attempt
         if span is not None:
             s0, s1, ranks = span
             # long attempts: the latest steps that fit the scan budget
             budget = cfg.heatmap_all_rows if whole else cfg.heatmap_max_rows
             s0 = max(s0, s1 - max(budget // max(ranks, 1), 1) + 1)
-            grid = self.store.heatmap(run_id, attempt, s0, s1, min(cfg.rank_bins, ranks),
-                                      min(cfg.step_bins, s1 - s0 + 1))
-            out["grid"] = grid
+            out["grid"] = self.store.heatmap(run_id, attempt, s0, s1, min(cfg.rank_bins, ranks),
+                                             min(cfg.step_bins, s1 - s0 + 1))
             out["window"] = (s0, s1, ranks)
             out["clipped"] = s0 > span[0]
             hosts = self.store.host_compute(run_id, attempt, s0, s1)
-            out["hosts"] = _host_rollup(hosts, run_tags(self.store.run(run_id)))
-        out["findings"], out["findings_source"] = self.findings(run_id)
+            out["hosts"] = _host_rollup(hosts, run_tags(info))
         return out
 
-    def findings(self, run_id: str, wait: bool = False) -> tuple[list[dict[str, Any]], str]:
+    def findings(self, run_id: str, wait: bool = False, info: dict[str, Any] | None = None
+                 ) -> tuple[list[dict[str, Any]], str]:
         """``(findings, source)``: what the live detector stored (``live``), else a batch pass
         over the step records run on a background thread (``batch`` once done, ``pending``
-        meanwhile, unless ``wait``), or ``too-large`` for a run over ``detect_max_rows``."""
+        meanwhile, unless ``wait``), or ``too-large`` for a run over ``detect_max_rows``.
+        ``info``: the run's row when the caller has read it."""
         found = stored_findings(self.store, run_id)
         if found or self.config.live_detection:
             return found, "live"
-        v = self.data_version(run_id)
-        info = self.store.run(run_id) or {}
+        info = self.store.run(run_id) if info is None else info
+        v = self._version_of(info)
+        v = None if v is None else v[:4]
+        info = info or {}
         rows = int(info.get("steps") or 0) * int(info.get("world_size") or 1)
         if rows > self.config.detect_max_rows:
             return [], "too-large"
@@ -318,10 +348,6 @@ class RunData:
         if not wait and not fut.done():
             return [], "pending"
         return fut.result(), "batch"
-
-    def findings_ready(self, run_id: str) -> bool:
-        """Whether :meth:`findings` would answer without waiting."""
-        return self.findings(run_id)[1] != "pending"
 
     def whatif_calibration(self, run_id: str) -> Any:
         """The simulator calibrated to the run (cached per version)."""
@@ -342,14 +368,6 @@ class RunData:
             return None
         key = ("whatif", run_id, self.version(run_id), tuple(sorted(changes.items())))
         return self._cached(key, lambda: what_if(cal, changes, self.config.whatif_trials))
-
-
-def _goodput(store: RunReader, run_id: str) -> float | None:
-    try:
-        b = account_run(store, run_id).breakdown()
-    except (KeyError, ValueError):
-        return None
-    return b.goodput if b.wall_clock_s > 0 else None
 
 
 def _batch_findings(store: Any, run_id: str) -> list[dict[str, Any]]:

@@ -42,6 +42,11 @@ _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b"
            "uirevision": "keep"}
 
 
+def _figure(*traces: Any) -> go.Figure:
+    """A figure with :data:`_LAYOUT` (and ``traces``)."""
+    return go.Figure(list(traces) or None, layout=_LAYOUT)
+
+
 def label(bucket: str) -> str:
     """``checkpoint_stall`` -> ``checkpoint stall``."""
     return bucket.replace("_", " ")
@@ -56,7 +61,7 @@ def _times(xs: Any) -> np.ndarray:
 
 def empty_figure(message: str) -> go.Figure:
     """A blank figure that says why it is blank."""
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper",
                        yref="paper", font={"size": 14, "color": "#777"})
     fig.update_xaxes(visible=False)
@@ -81,7 +86,7 @@ def breakdown_figure(report: dict[str, Any]) -> go.Figure:
     if not wall > 0:
         return empty_figure("no wall-clock yet")
     unit, per = _time_unit(wall)
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     rows = [label(b) for b in BUCKETS]
     for b in BUCKETS:
         parts = _parts(report, b)
@@ -126,7 +131,7 @@ def goodput_series_figure(series: pd.DataFrame, x_range: list[str] | None = None
     on the time axis ``x_range`` (the timeline's); zooming it sets the page's window."""
     if not len(series):
         return empty_figure("not enough data for a rolling goodput yet")
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     t = _times(series.time)
     for b in BUCKETS:
         fig.add_scatter(x=t, y=100 * series[b], name=label(b), stackgroup="one",
@@ -149,7 +154,7 @@ def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float,
     tick with its number, so attempts that touch still read as two."""
     if not len(attempts):
         return empty_figure("no attempt yet")
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     shades = {False: ("#9ecae1", "#4292c6"), True: ("#74c476", "#238b45")}
     for i, a in enumerate(attempts.itertuples()):
         a_end = a.end if a.end == a.end and a.end is not None else (
@@ -197,32 +202,49 @@ def heatmap_figure(grid: pd.DataFrame, value: str = "max") -> go.Figure:
     rank in a cell: a single slow rank among hundreds stays visible) or ``mean``."""
     if grid is None or not len(grid):
         return empty_figure("no step records for this attempt")
-    z = grid.pivot(index="rbin", columns="sbin", values=value)
-    worst = grid.pivot(index="rbin", columns="sbin", values="worst_rank")
-    worst_s = grid.pivot(index="rbin", columns="sbin", values="max")  # the slowest's time
-    med = z.median(axis=0)
+    # the grid's rows into rank bin x step bin arrays (numpy: a pandas pivot per value
+    # costs more than the figure)
+    rbins, ri = np.unique(grid["rbin"].to_numpy(), return_inverse=True)
+    sbins, si = np.unique(grid["sbin"].to_numpy(), return_inverse=True)
+
+    def cells(col: str) -> np.ndarray:
+        out = np.full((len(rbins), len(sbins)), np.nan)
+        out[ri, si] = grid[col].to_numpy(dtype=float)
+        return out
+    z = cells(value)
+    med = np.nanmedian(z, axis=0)
     rel = 100 * (z / med - 1)
-    rank_lo = grid.groupby("rbin").rank_lo.min().reindex(z.index)
-    rank_hi = grid.groupby("rbin").rank_hi.max().reindex(z.index)
-    step_lo = grid.groupby("sbin").step_lo.min().reindex(z.columns)
+    rank_lo = _per_bin(np.minimum, ri, grid["rank_lo"], len(rbins))
+    rank_hi = _per_bin(np.maximum, ri, grid["rank_hi"], len(rbins))
+    step_lo = _per_bin(np.minimum, si, grid["step_lo"], len(sbins))
     ylab = [f"{int(a)}" if a == b else f"{int(a)}-{int(b)}" for a, b in zip(rank_lo, rank_hi)]
     # float32: the response is rank_bins x step_bins x 3 numbers (base64 typed arrays), sent
     # on every redraw; ranks up to 2^24 and percentages are exact enough in 32 bits
-    custom = np.dstack([worst.to_numpy(dtype=np.float32), worst_s.to_numpy(dtype=np.float32)])
-    fig = go.Figure(go.Heatmap(
-        z=rel.to_numpy(dtype=np.float32), x=step_lo.to_numpy(), y=ylab,
+    custom = np.dstack([cells("worst_rank").astype(np.float32),
+                        cells("max").astype(np.float32)])
+    fig = _figure(go.Heatmap(
+        z=rel.astype(np.float32), x=step_lo, y=ylab,
         customdata=custom,
         colorscale="RdBu_r", zmid=0, zmin=-20, zmax=20,
         colorbar={"title": "% vs median"},
         hovertemplate=("ranks %{y}, from step %{x}<br>%{z:.1f}% vs the median"
                        "<br>slowest rank %{customdata[0]:.0f}: %{customdata[1]:.3f}s"
-                       "<extra></extra>")), layout=_LAYOUT)
+                       "<extra></extra>")))
     n_ranks = int(rank_hi.max()) + 1 if len(rank_hi) else 0
-    pooled = "" if len(z.index) >= n_ranks else f", {len(z.index)} rank bins ({value})"
+    pooled = "" if len(rbins) >= n_ranks else f", {len(rbins)} rank bins ({value})"
     fig.update_layout(height=520, xaxis_title="step", yaxis_title="rank",
                       title=f"Compute per rank and step, vs the median{pooled}",
                       yaxis={"type": "category", "autorange": "reversed"})
     return fig
+
+
+def _per_bin(reduce: np.ufunc, bins: np.ndarray, values: pd.Series, n: int) -> np.ndarray:
+    """``reduce`` (``np.minimum``, ``np.maximum``) of ``values`` per bin index."""
+    v = values.to_numpy()
+    lim = np.iinfo(v.dtype) if v.dtype.kind in "iu" else np.finfo(v.dtype)
+    out = np.full(n, lim.max if reduce is np.minimum else lim.min, dtype=v.dtype)
+    reduce.at(out, bins, v)
+    return out
 
 
 def host_figure(hosts: pd.DataFrame | None, top: int = 30) -> go.Figure:
@@ -230,7 +252,7 @@ def host_figure(hosts: pd.DataFrame | None, top: int = 30) -> go.Figure:
     if hosts is None or not len(hosts):
         return empty_figure("no host information in the step records")
     h = hosts.sort_values("worst_relative", ascending=False).head(top)
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     fig.add_bar(x=h.host, y=100 * h.relative, name="host mean", marker_color="#9467bd")
     fig.add_bar(x=h.host, y=100 * h.worst_relative, name="slowest rank",
                 marker_color="#ff7f0e", text=[f"rank {int(r)}" for r in h.worst_rank],
@@ -259,7 +281,7 @@ def checkpoint_figure(table: pd.DataFrame) -> go.Figure:
         return empty_figure("no checkpoint in this run")
     from goodlens.analysis.checkpoints import checkpoint_trend
     t = _times(table.start)
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     fig.add_bar(x=t, y=table.stall_s, name="stall (training blocked)", marker_color="#1f77b4")
     if table.write_s.notna().any():
         fig.add_scatter(x=t, y=table.write_s, mode="markers", name="write until durable",
@@ -294,7 +316,7 @@ def interval_figure(measured: dict[str, Any]) -> go.Figure:
     hi_x = max(min(max(marks) * 8, max(2 * (m - r), c * 2)), lo_x * 10)
     xs = np.geomspace(lo_x, hi_x, 160)
     ys = np.array([100 * plan.expected_goodput(x) for x in xs])
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     fig.add_scatter(x=xs / 60, y=ys, mode="lines", name="expected goodput",
                     line={"color": "#2ca02c"},
                     hovertemplate="every %{x:.1f} min: %{y:.2f}%<extra></extra>")
@@ -320,7 +342,7 @@ def interval_figure(measured: dict[str, Any]) -> go.Figure:
 
 def whatif_figure(result: dict[str, Any]) -> go.Figure:
     """Actual, simulated-as-was and simulated-with-the-change breakdowns, as shares."""
-    fig = go.Figure(layout=_LAYOUT)
+    fig = _figure()
     cols = [("actual", "actual"), ("baseline", "simulated, as run"),
             ("changed", "simulated, with the change")]
     for b in BUCKETS:

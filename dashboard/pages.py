@@ -183,14 +183,24 @@ def _exclude_options(rep: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def live_graph(gid: str, parts: dict[str, Any]) -> html.Div:
+def live_graph(gid: str, parts: dict[str, Any], config: dict[str, Any] | None = None
+               ) -> html.Div:
     """The graph ``gid`` (with its figure in ``parts``, if there) that a live refresh
     redraws: the server sends each new figure to the store
     ``<gid>-next`` as ``{"figure", "keep"}``, and a function in the browser
     (``assets/keep_view.js``) puts it on the graph, keeping the user's zoom and hidden
-    traces when ``keep`` (a timer redraw). The shown figure never travels to the server."""
+    traces when ``keep`` (a timer redraw). The shown figure never travels to the server.
+    ``config``: Plotly's graph config."""
     return html.Div([dcc.Store(id=f"{gid}-next"),
-                     dcc.Graph(id=gid, **({"figure": parts[gid]} if gid in parts else {}))])
+                     dcc.Graph(id=gid, config=config or {},
+                               **({"figure": parts[gid]} if gid in parts else {}))])
+
+
+#: The time graphs' config: a double-click autoranges (the relayout says ``autorange``, which
+#: clears the window). Plotly's default first resets to the range of the graph's first
+#: drawing, which for these graphs is an explicit range (the run's span or the window
+#: then shown): the window would be set to it rather than cleared.
+TIME_GRAPH = {"doubleClick": "autosize"}
 
 
 #: The overview's parts: the Divs a refresh fills, and the graphs whose figure it replaces
@@ -219,8 +229,8 @@ def overview_skeleton(parts: dict[str, Any] | None = None, exclude: list[str] | 
         html.Div([html.Div(p.get("ov-buckets"), id="ov-buckets", className="gl-col"),
                   html.Div(live_graph("breakdown-graph", p), className="gl-col-wide")],
                  className="gl-row"),
-        live_graph("series-graph", p),
-        live_graph("timeline-graph", p),
+        live_graph("series-graph", p, TIME_GRAPH),
+        live_graph("timeline-graph", p, TIME_GRAPH),
         html.H3("Attempts"), html.Div(p.get("ov-attempts"), id="ov-attempts"),
     ])
 
@@ -285,20 +295,56 @@ def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
     findings = (_table([h for _, h in FINDING_COLUMNS], f_rows, id="findings-table")
                 if f_rows else html.P("" if d["findings_source"] == "pending"
                                       else "No persistent straggler.", id="findings-none"))
-    window = d.get("window")
-    note = (f"steps {window[0]:,}-{window[1]:,} of attempt {d['attempt']}, {window[2]:,} ranks"
-            + (" (the latest steps; choose 'whole attempt' for all)" if d.get("clipped")
-               else "") if window else "")
     sw = fig.switch_table_rows(d.get("hosts"))
     switches = _table(["switch", "hosts", "mean vs median host", "worst host", "its slowdown"],
                       [[r["switch"], r["hosts"], fig.pct(r["relative"]), r["worst_host"],
                         fig.pct(r["worst_relative"])] for r in sw], id="switch-table") \
         if sw else html.Div()
-    return {"rk-note": note, "heatmap-graph": fig.heatmap_figure(d["grid"], pool),
+    empty = ranks_empty(d)
+    return {"rk-note": ranks_note(d),
+            "heatmap-graph": fig.empty_figure(empty) if empty
+            else fig.heatmap_figure(d["grid"], pool),
             "rk-findings": html.Div([html.P(_FINDINGS_SOURCE[d["findings_source"]],
                                             className="gl-note", id="findings-source"),
                                      findings]),
-            "host-graph": fig.host_figure(d.get("hosts")), "rk-switches": switches}
+            "host-graph": fig.empty_figure(empty) if empty else fig.host_figure(d.get("hosts")),
+            "rk-switches": switches}
+
+
+def _span(d: dict[str, Any]) -> str:
+    """The window the ranks page was asked for, in words (``""``: the whole run)."""
+    lo, hi = d.get("since"), d.get("until")
+    if lo is None and hi is None:
+        return ""
+    start = "the run's start" if lo is None else format_instant(lo)
+    end = "the run's end" if hi is None else format_instant(hi)
+    return f"{start} to {end}"
+
+
+def ranks_empty(d: dict[str, Any]) -> str:
+    """Why the heatmap and hosts are blank when a window holds none of the steps (``""``
+    when they are not)."""
+    if d.get("grid") is not None or not _span(d):
+        return ""
+    which = f"attempt {d['attempt']}" if d.get("picked") else "any attempt"
+    return f"No steps of {which} in the window {_span(d)}."
+
+
+def ranks_note(d: dict[str, Any]) -> html.Span:
+    """What the heatmap shows: its steps, attempt and ranks, the window they were picked
+    by, and whether the scan budget clipped them; the exact steps in the hover text
+    (``first last attempt``)."""
+    error = (f"Window not applied: {d['window_error']}. " if d.get("window_error") else "")
+    window = d.get("window")
+    if window is None:
+        return html.Span(error + ranks_empty(d), id="rk-note-text")
+    span = _span(d)
+    text = (f"steps {window[0]:,}-{window[1]:,} of attempt {d['attempt']}, {window[2]:,} ranks"
+            + (f", in the window {span}" if span else "")
+            + (" (the latest steps; choose 'whole attempt' for all)" if d.get("clipped")
+               else ""))
+    return html.Span(error + text, id="rk-note-text",
+                     title=f"{window[0]} {window[1]} {d['attempt']}")
 
 
 RANKS_DIVS = ("rk-note", "rk-findings", "rk-switches")

@@ -10,7 +10,7 @@ over the store's read API (:class:`goodlens.storage.reader.RunReader`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -93,3 +93,57 @@ def run_silence(attempts: pd.DataFrame, steps: pd.DataFrame, now: float | None =
                 float(activity), clock, HangConfig(min_timeout_s=hang_floor_s))
     return {"attempt": int(last["attempt"]), "last_activity": s.last_activity,
             "silent_s": s.silent_s, "timeout_s": s.timeout_s, "silent": s.silent}
+
+
+def run_goodput(source: RunReader, run_id: str) -> tuple[float | None, float | None]:
+    """``(goodput, wall-clock s)`` of a run accounted from its rows (one no collector has
+    accounted: an imported trace); ``(None, None)`` when it cannot be accounted or has no
+    wall-clock yet."""
+    try:
+        b = account_run(source, run_id).breakdown()
+    except (KeyError, ValueError):
+        return None, None
+    return (b.goodput, b.wall_clock_s) if b.wall_clock_s > 0 else (None, None)
+
+
+def fill_goodput(rows: list[dict[str, Any]],
+                 account: Callable[[dict[str, Any]], dict[str, Any]], *,
+                 every: Callable[[], list[dict[str, Any]]] | None = None,
+                 unknown_after: Callable[[], bool] | None = None,
+                 by_goodput: bool = False, descending: bool = True, offset: int = 0,
+                 limit: int | None = None,
+                 progress: Callable[[list[dict[str, Any]]], Iterable[dict[str, Any]]] = iter
+                 ) -> list[dict[str, Any]]:
+    """A page of the runs list (``RunReader.runs_page``'s rows, as dicts) with a goodput
+    for each run the store holds none for: ``account(row)`` gives the fields to set
+    (``goodput``, and ``wall_clock_s`` if wanted), for the rows that have a start;
+    ``progress`` wraps the rows being accounted (a progress bar).
+
+    Sorted ``by_goodput`` with a run lacking one (on the page, or after it:
+    ``unknown_after()``, e.g. whether the store's last row of the list has none, as it sorts
+    them last), the store's order is not the answer: ``every()`` gives every matching row,
+    each is filled, and they are ordered here as the store orders known ones (by goodput,
+    ``descending`` or not, ties by run id, unknown last) before the page
+    ``[offset:offset + limit]`` is cut. The CLI's ``runs --db`` and the dashboard's runs
+    list share it."""
+    unknown = any(is_missing(r.get("goodput")) for r in rows) or (
+        unknown_after is not None and unknown_after())
+    if by_goodput and every is not None and unknown:
+        rows = _filled(every(), account, progress)
+        rows.sort(key=lambda r: str(r["run_id"]))
+        rows.sort(key=lambda r: r["goodput"] or 0.0, reverse=descending)  # stable
+        rows.sort(key=lambda r: r["goodput"] is None)  # stable: unknown last
+        return rows[offset:None if limit is None else offset + limit]
+    return _filled(rows, account, progress)
+
+
+def _filled(rows: list[dict[str, Any]], account: Callable[[dict[str, Any]], dict[str, Any]],
+            progress: Callable[[list[dict[str, Any]]], Iterable[dict[str, Any]]]
+            ) -> list[dict[str, Any]]:
+    todo = [r for r in rows if is_missing(r.get("goodput")) and not is_missing(r.get("start"))]
+    for r in rows:
+        if is_missing(r.get("goodput")):
+            r["goodput"] = None
+    for r in progress(todo):
+        r.update(account(r))
+    return rows

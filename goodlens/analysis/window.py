@@ -4,11 +4,18 @@ Why it exists: the report's window and the dashboard's range picker must pick th
 instants from the same text (epoch seconds, ISO 8601, ``+2h`` after the run's start, ``-30m``
 before its end), or the numbers on the page and the command's would differ for the same
 URL. The dashboard's presets ("last 1 h", ...) are the ``-1h`` form: the last hour of the
-run, up to its end (now, for a run in progress).
+run, up to its end (now, for a run in progress). A page that does not account the run (the
+ranks page) reads the run's start and end from its attempts (:func:`run_span`), as the
+accounting does.
 """
 
 from __future__ import annotations
 
+import time
+
+import pandas as pd
+
+from goodlens.model.jsonable import is_missing
 from goodlens.model.units import parse_instant
 
 #: The range picker's presets: name -> ``since`` (no ``until``: up to the run's end).
@@ -25,3 +32,34 @@ def resolve_window(since: str | float | None, until: str | float | None, start: 
     if lo is not None and hi is not None and hi < lo:
         raise ValueError("the window's end (until) is before its start (since)")
     return lo, hi
+
+
+def run_span(attempts: pd.DataFrame, now: float | None = None) -> tuple[float, float] | None:
+    """``(start, end)`` of a run from its attempts (``RunReader.attempts``), as its
+    accounting reads them (what a relative window is read against): the first attempt's
+    start, and the last one's end, or for a run in progress the later of now and its last
+    activity. None for a run with no attempt."""
+    if not len(attempts):
+        return None
+    a = attempts.sort_values("attempt")
+    last = a.iloc[-1]
+    if is_missing(last["end"]):
+        clock = time.time() if now is None else now
+        end = clock if is_missing(last.get("last_activity")) else max(
+            clock, float(last["last_activity"]))
+    else:
+        end = float(last["end"])
+    return float(a.iloc[0]["start"]), end
+
+
+def window_of(since: str | float | None, until: str | float | None,
+              attempts: pd.DataFrame, now: float | None = None
+              ) -> tuple[float | None, float | None]:
+    """:func:`resolve_window` against the run of ``attempts`` (:func:`run_span`);
+    ``(None, None)`` when no window is given. ValueError as :func:`resolve_window`."""
+    if since in (None, "") and until in (None, ""):
+        return None, None
+    span = run_span(attempts, now)
+    if span is None:
+        raise ValueError("the run has no attempt to read the window against")
+    return resolve_window(since, until, *span)

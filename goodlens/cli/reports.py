@@ -5,6 +5,7 @@ are rendered here; ``--json`` prints the library's numbers as they are.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -96,36 +97,37 @@ def runs(db: str | None, url: str | None, token: str | None, token_file: str | N
 def _stored_runs(db: str, page: dict) -> tuple[list[dict], int]:
     """A page of a store file's runs. A run no collector has accounted yet (an imported
     trace) gets its goodput computed here: for the rows shown, or, sorting by goodput, for
-    every run that matches (with a progress bar), since the order depends on all of them."""
+    every run that matches (with a progress bar), since the order depends on all of them
+    (:func:`goodlens.analysis.report.fill_goodput`)."""
+    from goodlens.analysis.report import fill_goodput, run_goodput
     store = open_store(db)
     try:
         kw = {"sort": page["sort"], "descending": page["order"] == "desc",
               "state": page["state"], "text": page["q"]}
         df, total = store.runs_page(limit=page["limit"], offset=page["offset"], **kw)
-        rows = records(df)
-        if page["sort"] == "goodput" and any(r.get("goodput") is None for r in rows):
-            rows = _fill_goodput(store, records(store.runs_page(**kw)[0]))
-            rows.sort(key=lambda r: (r["goodput"] is None, r["run_id"]))
-            rows.sort(key=lambda r: r["goodput"] or 0.0, reverse=page["order"] == "desc")
-            rows.sort(key=lambda r: r["goodput"] is None)  # stable: unknown last
-            rows = rows[page["offset"]:page["offset"] + page["limit"]]
-        else:
-            rows = _fill_goodput(store, rows)
+
+        def account(r: dict) -> dict:
+            goodput, wall = run_goodput(store, r["run_id"])
+            return {"goodput": goodput, "wall_clock_s": wall}
+        def unknown_after() -> bool:  # the store sorts runs without a goodput last
+            end = page["offset"] + len(df)
+            return end < total and records(store.runs_page(
+                limit=1, offset=total - 1, **kw)[0])[0].get("goodput") is None
+        rows = fill_goodput(records(df), account,
+                            every=lambda: records(store.runs_page(**kw)[0]),
+                            unknown_after=unknown_after, by_goodput=page["sort"] == "goodput",
+                            descending=kw["descending"], offset=page["offset"],
+                            limit=page["limit"], progress=_accounting_bar)
     finally:
         store.close()
     return rows, total
 
 
-def _fill_goodput(store: object, rows: list[dict]) -> list[dict]:
-    """Account the runs of ``rows`` that have no stored goodput."""
-    from goodlens.analysis.accounting import account_run
-    todo = [r for r in rows if r.get("goodput") is None and r.get("start") is not None]
+def _accounting_bar(todo: list[dict]) -> Iterator[dict]:
+    """The runs being accounted, behind a progress bar when there are many."""
     with click.progressbar(todo, label="accounting runs no collector has accounted",
                            hidden=len(todo) <= 20) as bar:
-        for r in bar:
-            b = account_run(store, r["run_id"]).breakdown()
-            r["goodput"], r["wall_clock_s"] = b.goodput, b.wall_clock_s
-    return rows
+        yield from bar
 
 
 _BUCKET_NOTES = {"productive": "forward progress",

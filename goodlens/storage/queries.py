@@ -180,11 +180,17 @@ class SqlReader:
         m[got["row"], got["rank"]] = got["ready"]
         return keys, m
 
-    def step_range(self, run_id: str, attempt: int) -> tuple[int, int, int] | None:
-        """``(first step, last step, ranks)`` of one attempt's summaries, None when empty."""
+    def step_range(self, run_id: str, attempt: int, since: float | None = None,
+                   until: float | None = None) -> tuple[int, int, int] | None:
+        """``(first step, last step, ranks)`` of one attempt's summaries, None when empty;
+        with ``since``/``until`` (epoch seconds), of the steps whose time overlaps the window
+        (as :meth:`step_summaries`: they end at or after ``since`` and start at or before
+        ``until``)."""
+        where, params = _where({"run_id = ?": run_id, "attempt = ?": attempt,
+                                "step_end >= ?": since, "step_start <= ?": until})
         row = self._cursor().execute(
-            "SELECT min(step), max(step), max(ranks) FROM step_summaries "
-            "WHERE run_id = ? AND attempt = ?", [run_id, attempt]).fetchone()
+            f"SELECT min(step), max(step), max(ranks) FROM step_summaries WHERE {where}",
+            params).fetchone()
         return None if row is None or row[0] is None else (int(row[0]), int(row[1]),
                                                            int(row[2] or 0))
 
@@ -193,33 +199,52 @@ class SqlReader:
         """Per-rank compute pooled into a ``rank_bins`` x ``step_bins`` grid (for the
         dashboard's heatmap of 16k ranks): per cell the mean and the max of each rank's
         compute (its step time where no split was reported), the slowest rank and the cell's
-        rank and step span. Max-pooling keeps a single slow rank visible in a bin of many."""
-        n_ranks = self._cursor().execute(
-            "SELECT max(rank) + 1 FROM steps WHERE run_id = ? AND attempt = ? AND step = ?",
-            [run_id, attempt, step_min]).fetchone()[0] or 1
+        rank and step span (the bin's bounds). Max-pooling keeps a single slow rank visible
+        in a bin of many. Rank ids are pooled over the ranks reporting the first step
+        (``max(rank) + 1``), as ``rank * rank_bins // ranks``.
+
+        One aggregate over one integer key (a cell's step bin and rank bin packed in a
+        BIGINT): two grouping columns cost DuckDB twice the hashing, and the spans are
+        arithmetic on the bin, not four more aggregates."""
         span = max(step_max - step_min + 1, 1)
         return self._df("""
-            SELECT rank * $rb // $nr AS rbin, (step - $s0) * $sb // $span AS sbin,
-              avg(v) AS mean, max(v) AS max, arg_max(rank, v) AS worst_rank,
-              min(rank) AS rank_lo, max(rank) AS rank_hi, min(step) AS step_lo,
-              max(step) AS step_hi
-            FROM (SELECT rank, step, coalesce(compute_s, duration_s) AS v FROM steps
-                  WHERE run_id = $run AND attempt = $att AND step BETWEEN $s0 AND $s1)
-            GROUP BY ALL ORDER BY sbin, rbin""",
-            {"rb": rank_bins, "nr": max(int(n_ranks), 1), "s0": step_min, "s1": step_max,
-             "sb": step_bins, "span": span, "run": run_id, "att": attempt})
+            WITH n AS (SELECT greatest(coalesce(max(rank) + 1, 1), 1) AS nr FROM steps
+                       WHERE run_id = $run AND attempt = $att AND step = $s0),
+            g AS (SELECT ((step - $s0) * $sb // $span) * 4294967296 + rank * $rb // nr AS k,
+                    avg(v) AS mean, max(v) AS max, arg_max(rank, v) AS worst_rank
+                  FROM (SELECT rank, step, coalesce(compute_s, duration_s) AS v FROM steps
+                        WHERE run_id = $run AND attempt = $att AND step BETWEEN $s0 AND $s1),
+                       n
+                  GROUP BY k)
+            SELECT k % 4294967296 AS rbin, k // 4294967296 AS sbin, mean, max, worst_rank,
+              (rbin * nr + $rb - 1) // $rb AS rank_lo,
+              ((rbin + 1) * nr + $rb - 1) // $rb - 1 AS rank_hi,
+              $s0 + (sbin * $span + $sb - 1) // $sb AS step_lo,
+              least($s0 + ((sbin + 1) * $span + $sb - 1) // $sb - 1, $s1) AS step_hi
+            FROM g, n ORDER BY k""",
+            {"rb": rank_bins, "s0": step_min, "s1": step_max, "sb": step_bins, "span": span,
+             "run": run_id, "att": attempt})
 
     def host_compute(self, run_id: str, attempt: int, step_min: int, step_max: int
                      ) -> pd.DataFrame:
         """Per host over a step window: ranks, mean compute (step time where no split was
-        reported) and its slowest rank's mean (the host roll-up of the ranks view)."""
-        return self._df("""
-            WITH r AS (SELECT host, rank, avg(coalesce(compute_s, duration_s)) AS v FROM steps
-                       WHERE run_id = ? AND attempt = ? AND step BETWEEN ? AND ?
-                         AND host IS NOT NULL GROUP BY host, rank)
-            SELECT host, count(*) AS ranks, avg(v) AS mean, max(v) AS worst_rank_mean,
-              arg_max(rank, v) AS worst_rank, min(rank) AS first_rank
-            FROM r GROUP BY host ORDER BY first_rank""", [run_id, attempt, step_min, step_max])
+        reported) and its slowest rank's mean (the host roll-up of the ranks view).
+
+        A rank runs on one host through an attempt: each rank's mean is taken grouping by
+        the rank alone (an integer: DuckDB's perfect hash aggregate, no string hashing) and
+        its host read at the window's first and last steps. Should a rank miss either of them
+        or report two hosts, the window is grouped by host and rank instead (the exact
+        answer: a rank that moved counts on each host it ran on)."""
+        params = {"run": run_id, "att": attempt, "s0": step_min, "s1": step_max}
+        cur = self._cursor()
+        cur.execute(f"SET perfect_ht_threshold = {_PERFECT_HT_BITS}")
+        try:
+            df = self._df(_HOSTS_BY_RANK, params)
+        finally:
+            cur.execute("RESET perfect_ht_threshold")
+        if len(df) and df.pop("unsure").any():
+            return self._df(_HOSTS_BY_HOST_RANK, params)
+        return df.drop(columns="unsure", errors="ignore")
 
     def rank_hosts(self, run_id: str, attempt: int | None = None) -> pd.DataFrame:
         """``rank, host`` as the ranks reported them at the first step of an attempt
@@ -288,6 +313,37 @@ class SqlReader:
         rel = self._cursor().sql(f"SELECT * FROM {name} WHERE run_id = $1", params=[run_id])
         # duckdb >= 1.4 names it to_arrow_table(); older releases call it arrow()
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+#: Key bits up to which a GROUP BY indexes an array instead of hashing (DuckDB's default is
+#: 12: 4,096 ranks); 16 covers 65,536 ranks.
+_PERFECT_HT_BITS = 16
+
+_WINDOW = "run_id = $run AND attempt = $att AND step BETWEEN $s0 AND $s1 AND host IS NOT NULL"
+
+#: The host roll-up from per-rank means (:meth:`SqlReader.host_compute`); ``unsure``: some
+#: rank did not report a host at both ends of the window, or reported two.
+_HOSTS_BY_RANK = f"""
+    WITH r AS (SELECT rank, avg(coalesce(compute_s, duration_s)) AS v FROM steps
+               WHERE {_WINDOW} GROUP BY rank),
+    e AS (SELECT rank, min(host) AS h0, max(host) AS h1, count(*) AS ends FROM steps
+          WHERE run_id = $run AND attempt = $att AND (step = $s0 OR step = $s1)
+            AND host IS NOT NULL GROUP BY rank),
+    rh AS (SELECT r.rank, e.h0 AS host, r.v,
+             e.h0 IS NULL OR e.h0 <> e.h1 OR e.ends < CASE WHEN $s0 = $s1 THEN 1 ELSE 2 END
+               AS unsure
+           FROM r LEFT JOIN e USING (rank))
+    SELECT host, count(*) AS ranks, avg(v) AS mean, max(v) AS worst_rank_mean,
+      arg_max(rank, v) AS worst_rank, min(rank) AS first_rank, bool_or(unsure) AS unsure
+    FROM rh GROUP BY host ORDER BY first_rank"""
+
+#: The same grouped by host and rank over every row of the window.
+_HOSTS_BY_HOST_RANK = f"""
+    WITH r AS (SELECT host, rank, avg(coalesce(compute_s, duration_s)) AS v FROM steps
+               WHERE {_WINDOW} GROUP BY host, rank)
+    SELECT host, count(*) AS ranks, avg(v) AS mean, max(v) AS worst_rank_mean,
+      arg_max(rank, v) AS worst_rank, min(rank) AS first_rank
+    FROM r GROUP BY host ORDER BY first_rank"""
 
 
 def _where(conds: dict[str, Any]) -> tuple[str, list]:

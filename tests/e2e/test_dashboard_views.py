@@ -425,3 +425,77 @@ def test_whatif_and_ranks_words(loaded: Collector, dash_br) -> None:
     assert head == [h for _, h in FINDING_COLUMNS]
     assert "attempt" in head and "confidence" in head
     _no_console_errors(dash_br)
+
+
+def _host_bars(br) -> dict[str, float]:
+    """The host roll-up's "host mean" bars as the page draws them: host -> % vs median."""
+    f = _figure(br, "host-graph") or {"data": []}
+    bars = next((t for t in f["data"] if t["name"] == "host mean"), None)
+    return dict(zip(bars["x"], bars["y"])) if bars else {}
+
+
+def test_ranks_page_follows_the_window(loaded: Collector, dash_br) -> None:
+    """demo-8x's known timeline (sample_data/generate.py): 40 s of init, steps of about 1 s,
+    a 6 s checkpoint stall after steps 99 and 199 (at about 00:02:18-00:02:24 and
+    00:04:06-00:04:12); the GPU fails after step 337 (about 00:06:41) and attempt 1's first
+    step (300) starts after 60 s detection, 120 s queue, 40 s init and a 15 s restore
+    (about 00:10:37). So by hand: 00:02:21 to 00:04:08 holds steps 100-199 of attempt 0,
+    and 00:07:00 to 00:10:00 holds no step. Typed into the range picker, the heatmap and the
+    hosts cover exactly those steps; the host bars are what pandas makes of the trace's own
+    rows for those steps; "all" gives the latest attempt back."""
+    import pandas as pd
+    dash_br.server_url = loaded.url + "/runs/demo-8x/ranks"
+    note = "#rk-note-text"
+    assert wait_until(lambda: _attr(dash_br, note) == "300 599 1", timeout=60), \
+        _text(dash_br, "#rk-note")
+    since, until = "2026-01-01T00:02:21", "2026-01-01T00:04:08"
+    for css, text in (("#win-since", since), ("#win-until", until)):
+        box = dash_br.find_element(css)
+        dash_br.clear_input(box)
+        box.send_keys(text + "\n")
+    assert wait_until(lambda: _attr(dash_br, note) == "100 199 0", timeout=60), \
+        _text(dash_br, "#rk-note")
+    assert _text(dash_br, "#rk-note") == ("steps 100-199 of attempt 0, 8 ranks, in the window "
+                                         "2026-01-01 00:02:21 UTC to 2026-01-01 00:04:08 UTC")
+    assert wait_until(lambda: _query(dash_br) == {"since": since, "until": until})
+    # the heatmap's columns are steps 100-199 (100 steps, one per column)
+    assert wait_until(lambda: (_figure(dash_br, "heatmap-graph") or {}).get("data")
+                      and _figure(dash_br, "heatmap-graph")["data"][0]["x"][0] == 100,
+                      timeout=30)
+    xs = _figure(dash_br, "heatmap-graph")["data"][0]["x"]
+    assert (xs[0], xs[-1], len(xs)) == (100, 199, 100)
+    # the hosts: rank 5 (node-1) runs 10% slow from step 150, so half of this window
+    raw = pd.read_parquet(ROOT / "sample_data" / "demo" / "steps.parquet")
+    raw = raw[(raw.attempt == 0) & raw.step.between(100, 199)]
+    host = raw.groupby(["host", "rank"]).compute_s.mean().groupby("host").mean()
+    expected = (100 * (host / host.median() - 1)).to_dict()
+    assert wait_until(lambda: _host_bars(dash_br).keys() == expected.keys(), timeout=30)
+    for h, v in _host_bars(dash_br).items():
+        assert v == pytest.approx(expected[h], abs=1e-6), h
+    assert expected["node-1"] > 0.3  # the slow rank's host, visibly above the median
+
+    # a window between the attempts: no step, said plainly, in the heatmap too
+    for css, text in (("#win-since", "2026-01-01T00:07:00"),
+                      ("#win-until", "2026-01-01T00:10:00")):
+        box = dash_br.find_element(css)
+        dash_br.clear_input(box)
+        box.send_keys(text + "\n")
+    empty = ("No steps of any attempt in the window 2026-01-01 00:07:00 UTC to "
+             "2026-01-01 00:10:00 UTC.")
+    assert wait_until(lambda: _text(dash_br, "#rk-note") == empty, timeout=60), \
+        _text(dash_br, "#rk-note")
+    assert wait_until(lambda: empty in (_text(dash_br, "#heatmap-graph") or ""), timeout=30)
+
+    # a picked attempt with no step in the window says which; a copied link keeps it all
+    _reopen(dash_br, f"{loaded.url}/runs/demo-8x/ranks?since={since}&until={until}"
+                     "&attempt=1", "#rk-note")
+    assert wait_until(lambda: (_text(dash_br, "#rk-note") or "").startswith(
+        "No steps of attempt 1 in the window 2026-01-01 00:02:21 UTC"), timeout=60)
+    _reopen(dash_br, f"{loaded.url}/runs/demo-8x/ranks?since={since}&until={until}",
+            "#rk-note")
+    assert wait_until(lambda: _attr(dash_br, note) == "100 199 0", timeout=60)
+
+    dash_br.find_element("#win-preset input[value='all']").click()
+    assert wait_until(lambda: _attr(dash_br, note) == "300 599 1", timeout=60)
+    assert wait_until(lambda: "since" not in _query(dash_br))
+    _no_console_errors(dash_br)

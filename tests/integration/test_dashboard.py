@@ -355,6 +355,131 @@ def test_heatmap_scans_the_latest_steps_unless_asked_for_all(tmp_path: Path) -> 
 
 
 
+def test_step_range_of_a_time_window(tmp_path: Path) -> None:
+    """The store maps a window to the steps whose time overlaps it. The grid store's step n
+    runs from T0 + 10 + 1.2 n to T0 + 11.1 + 1.2 n (1.1 s steps, 0.1 s apart), so by hand:
+    from T0 + 21.95 (between step 9's end at 21.9 and step 10's start at 22.0) to T0 + 40.5
+    (inside step 25, 40.0-41.1) is steps 10-25; from inside step 9 (21.85) to the gap after
+    step 24 (39.95) is steps 9-24."""
+    store = _grid_store(tmp_path, ranks=16, steps=40, slow_rank=3, slowdown=0.1)
+    try:
+        assert store.step_range("g", 0) == (0, 39, 16)
+        assert store.step_range("g", 0, T0 + 21.95, T0 + 40.5) == (10, 25, 16)
+        assert store.step_range("g", 0, T0 + 21.85, T0 + 39.95) == (9, 24, 16)
+        assert store.step_range("g", 0, since=T0 + 50.0) == (33, 39, 16)  # 11.1 + 1.2 * 33
+        assert store.step_range("g", 0, until=T0 + 12.0) == (0, 1, 16)  # 11.2: step 1 starts
+        assert store.step_range("g", 0, T0 + 100.0, None) is None  # after the last step
+        assert store.step_range("g", 0, None, T0 + 5.0) is None  # before the first
+        assert store.step_range("g", 1) is None  # no such attempt
+        # the ranks page over the same window: its grid and hosts cover steps 10-25 only
+        data = RunData(store)
+        rk = data.ranks("g", since=str(T0 + 21.95), until=str(T0 + 40.5))
+        assert rk["window"] == (10, 25, 16) and not rk["clipped"]
+        assert (rk["since"], rk["until"]) == (T0 + 21.95, T0 + 40.5)
+        assert (int(rk["grid"].step_lo.min()), int(rk["grid"].step_hi.max())) == (10, 25)
+        assert list(rk["hosts"].host) == ["h0", "h1"] and list(rk["hosts"].ranks) == [8, 8]
+        note = pages.ranks_note(rk)
+        assert note.title == "10 25 0"
+        assert note.children == ("steps 10-25 of attempt 0, 16 ranks, in the window "
+                                 "2026-01-01 00:00:21 UTC to 2026-01-01 00:00:40 UTC")
+        # relative forms are read against the run (its attempt started at T0): +50s
+        assert data.ranks("g", since="+50s")["window"] == (33, 39, 16)
+        # a window with no steps says so, for the latest attempt or a picked one
+        empty = data.ranks("g", since=str(T0 + 100.0))
+        assert empty["grid"] is None and empty["hosts"] is None
+        assert pages.ranks_note(empty).children == (
+            "No steps of any attempt in the window 2026-01-01 00:01:40 UTC to the run's end.")
+        picked = data.ranks("g", 0, since=str(T0 + 100.0))
+        assert pages.ranks_note(picked).children.startswith("No steps of attempt 0 in the ")
+        parts = pages.ranks_parts(picked)
+        assert parts["heatmap-graph"].layout.annotations[0].text.startswith("No steps of ")
+        # text that is not a time: the whole attempt, and why
+        bad = data.ranks("g", since="yesterday-ish")
+        assert bad["window"] == (0, 39, 16)
+        assert pages.ranks_note(bad).children.startswith("Window not applied: ")
+    finally:
+        store.close()
+
+
+def test_host_rollup_counts_a_rank_that_moved_on_each_host(tmp_path: Path) -> None:
+    """4 ranks x 10 steps, compute 1.0 s except rank 3 at 2.0 s; ranks 0-1 on host a, 2-3
+    on b, but rank 3 on c for steps 5-9. Over steps 0-9 rank 3 counts on b (steps 0-4) and
+    on c (5-9): b's mean is (1 + 2) / 2, c holds rank 3 alone. Over steps 0-4 it is on b
+    at both ends (the quick per-rank path); over 5-9 on c."""
+    store = Store(tmp_path / "moved.duckdb")
+    try:
+        step = np.repeat(np.arange(10, dtype=np.int64), 4)
+        rank = np.tile(np.arange(4, dtype=np.int64), 10)
+        host = np.where(rank < 2, "a", np.where((rank == 3) & (step >= 5), "c", "b"))
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": "m", "run": {"world_size": 4},
+            "events": {"source": "t", "seq": [0], "kind": ["attempt_start"], "time": [T0],
+                       "attempt": 0}})])
+        store.write_group([Batch(run_id="m", steps=pa.table({
+            "attempt": np.zeros(40, np.int64), "rank": rank, "host": host.tolist(),
+            "step": step, "start_time": T0 + 10 + step * 3.0,
+            "duration_s": np.full(40, 2.5), "compute_s": np.where(rank == 3, 2.0, 1.0),
+            "collective_wait_s": pa.nulls(40, pa.float64()),
+            "data_wait_s": pa.nulls(40, pa.float64()),
+            "tokens": pa.nulls(40, pa.int64()), "samples": pa.nulls(40, pa.int64())}))])
+        store.summarize_dirty()
+
+        def rows(lo: int, hi: int) -> list[tuple]:
+            """(host, ranks, mean, slowest rank's mean, slowest rank, first rank); host a's
+            two ranks tie (1.0 s each), so its slowest is either: shown as -1."""
+            h = store.host_compute("m", 0, lo, hi)
+            return [(r.host, int(r.ranks), r.mean, r.worst_rank_mean,
+                     -1 if r.host == "a" else int(r.worst_rank), int(r.first_rank))
+                    for r in h.itertuples()]
+        a = ("a", 2, 1.0, 1.0, -1, 0)
+        assert rows(0, 9) == [a, ("b", 2, 1.5, 2.0, 3, 2), ("c", 1, 2.0, 2.0, 3, 3)]
+        assert rows(0, 4) == [a, ("b", 2, 1.5, 2.0, 3, 2)]
+        assert rows(5, 9) == [a, ("b", 1, 1.0, 1.0, 2, 2), ("c", 1, 2.0, 2.0, 3, 3)]
+        assert rows(3, 6) == [a, ("b", 2, 1.5, 2.0, 3, 2), ("c", 1, 2.0, 2.0, 3, 3)]
+    finally:
+        store.close()
+
+def test_fill_goodput_orders_a_goodput_sort_over_every_run() -> None:
+    """The runs list's fallback (CLI ``runs --db`` and the dashboard): rows without a stored
+    goodput are accounted; sorted by goodput, every matching run is, and the page is cut
+    from the order known goodput (descending, ties by run id), then unknown."""
+    from goodlens.analysis.report import fill_goodput
+    computed = {"b": 0.9, "d": 0.5, "e": None}  # e cannot be accounted
+
+    def every() -> list[dict]:
+        return [{"run_id": "a", "goodput": 0.5, "start": 1.0},
+                {"run_id": "c", "goodput": 0.7, "start": 1.0},
+                {"run_id": "b", "goodput": None, "start": 1.0},
+                {"run_id": "d", "goodput": float("nan"), "start": 1.0},
+                {"run_id": "e", "goodput": None, "start": 1.0},
+                {"run_id": "f", "goodput": None, "start": None}]  # never started: not tried
+    asked: list[str] = []
+
+    def account(r: dict) -> dict:
+        asked.append(r["run_id"])
+        return {"goodput": computed[r["run_id"]]}
+    # the store's first page holds only stored goodputs (it sorts the unknown last): the
+    # runs after it are asked about, and b's computed 0.9 comes first
+    rows = fill_goodput(every()[:2], account, every=every, unknown_after=lambda: True,
+                        by_goodput=True, offset=0, limit=3)
+    assert [r["run_id"] for r in rows] == ["b", "c", "a"]
+    assert sorted(asked) == ["b", "d", "e"]
+    assert [r["run_id"] for r in fill_goodput(every()[:2], account, every=every,
+                                              unknown_after=lambda: False, by_goodput=True,
+                                              limit=2)] == ["a", "c"]  # all known: as is
+    rows = fill_goodput(every()[3:], account, every=every, by_goodput=True, offset=3,
+                        limit=3)  # the store's second page: unknowns on it
+    assert [(r["run_id"], r["goodput"]) for r in rows] == [("d", 0.5), ("e", None),
+                                                           ("f", None)]
+    rows = fill_goodput(every()[:2], account, every=every, unknown_after=lambda: True,
+                        by_goodput=True, descending=False)
+    assert [r["run_id"] for r in rows] == ["a", "d", "c", "b", "e", "f"]
+    # another sort: only the page's rows are accounted, in the store's order
+    asked.clear()
+    rows = fill_goodput(every()[2:4], account, every=every, by_goodput=False)
+    assert [(r["run_id"], r["goodput"]) for r in rows] == [("b", 0.9), ("d", 0.5)]
+    assert asked == ["b", "d"]
+
 def test_overview_exclusions_equal_the_report_with_the_same_exclusions(sim64: Store) -> None:
     """The overview's exclusion checklist takes the same parts out as ``report --exclude``:
     queue (the scheduler's wait, 40.8 s in this run's ground truth) leaves the wall-clock,
