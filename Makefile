@@ -59,7 +59,7 @@ reset:
 test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 test-unit: $(VENV)/.stamp-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit

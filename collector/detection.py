@@ -124,22 +124,34 @@ class DetectionService:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.poll_once()
+                self.poll_once(budget_s=max(1.0, self.interval_s))
             except Exception:  # the service must outlive one bad pass
                 log.exception("detection pass failed")
 
-    def poll_once(self, now: float | None = None) -> list[tuple[str, Any]]:
+    def poll_once(self, now: float | None = None, budget_s: float | None = None
+                  ) -> list[tuple[str, Any]]:
         """One pass over every run's newly completed steps (and, for live runs, a hang
-        check at ``now``, default the wall clock); returns the new findings."""
+        check at ``now``, default the wall clock); returns the new findings.
+
+        Runs in progress go first, every pass. Ended runs not yet read to their end (at a
+        collector's start: every stored run) follow, newest first, for at most ``budget_s``
+        (None: all of them); the rest wait for the next pass, so a store of thousands of
+        old runs does not hold live runs' findings back for the minutes it takes to read
+        them."""
         import time
         now = time.time() if now is None else now
+        deadline = None if budget_s is None else time.monotonic() + budget_s
         new: list[tuple[str, Any]] = []
         runs = self.store.runs()
         activity = (list(zip(runs.attempts, runs.last_time)) if "last_time" in runs
                     else [None] * len(runs))
-        for run_id, tags, state, seen in zip(runs.run_id, runs.tags, runs.state, activity):
+        rows = sorted(zip(runs.run_id, runs.tags, runs.state, activity),
+                      key=lambda r: r[2] != "running")   # stable: newest first within each
+        for run_id, tags, state, seen in rows:
             if run_id in self._finished and self._finished[run_id] == seen:
                 continue  # ended, read to its end, nothing new since (a restart is new)
+            if state != "running" and deadline is not None and time.monotonic() > deadline:
+                break   # the remaining ended runs: next pass
             summaries = self.store.step_summaries(run_id)
             if not len(summaries):
                 continue

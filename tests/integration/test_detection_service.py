@@ -207,3 +207,17 @@ def test_a_huge_rank_id_does_not_size_the_detector(tmp_path):
     finally:
         writer.stop()
         store.close()
+
+
+def test_old_ended_runs_wait_their_turn_behind_the_budget(tmp_path):
+    """At a collector's start every stored run is unread: a pass reads ended runs only
+    within its budget (live ones always, first), and the next passes catch up."""
+    store = Store(tmp_path / "s.duckdb")
+    import_trace(store, SAMPLE)
+    assert list(store.runs().state) != ["running"]  # the demo run has ended
+    svc = DetectionService(store, None)
+    assert svc.poll_once(budget_s=0.0) == []  # no time left for ended runs this pass
+    found = svc.poll_once(budget_s=60.0)
+    assert [(r, f.subject_kind, f.subject_id) for r, f in found if f.status == "new"] == [
+        ("demo-8x", "rank", 5)]
+    assert svc.poll_once(budget_s=0.0) == []  # read to its end: not read again
