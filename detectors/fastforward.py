@@ -91,18 +91,11 @@ def fast_forward(det: StragglerDetector, blk: Block, j0: int, steps: Sequence[in
         u.at_peak[:, idx] = tot[last + 1, :2, idx].T
     u.totals[:] = tot[e]
     for j in range(e):
-        ref_s = float(np.exp(blk.ref[j0 + j]))
-        st = step_times[base + j]
-        det.med_ready = _ewma(det.med_ready, ref_s)
-        det.step_time = _ewma(det.step_time, st if st and st > 0 else ref_s)
+        det._track(blk.ref[j0 + j], step_times[base + j])
     det.updates += e
     det._last_step = int(steps[base + e - 1])
     det._hot = cu[e - 1, 0] > cfg.suspect_fraction * cfg.threshold_h
     return e
-
-
-def _ewma(old: float, new: float, alpha: float = 0.1) -> float:
-    return new if np.isnan(old) else (1 - alpha) * old + alpha * new
 
 
 def _scales(det: StragglerDetector, blk: Block, j0: int, rows: int

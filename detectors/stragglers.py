@@ -297,13 +297,19 @@ class StragglerDetector:
         z, k = capped_scores(res, s, cfg.drift_k_sigmas, self._k_floor, cfg.step_cap)
         u.step(z, res, k, blk, j, step, cfg.cusum_cap * cfg.threshold_h)
         self._hot = u.s > cfg.suspect_fraction * cfg.threshold_h
-        ref_s = float(np.exp(blk.ref[j]))
-        st = step_time_s if step_time_s and step_time_s > 0 else ref_s
-        self.med_ready = _ewma(self.med_ready, ref_s)
-        self.step_time = _ewma(self.step_time, st)
+        self._track(blk.ref[j], step_time_s)
         self.updates += 1
         self._last_step = step
         return self._decide(step, attempt)
+
+    def _track(self, ref_log: float, step_time_s: float | None) -> None:
+        """Follow the typical time to reach the collective (``ref_log``: the step's reference,
+        log seconds) and the step time, as moving averages (what a finding's wait is priced
+        with)."""
+        ref_s = float(np.exp(ref_log))
+        st = step_time_s if step_time_s and step_time_s > 0 else ref_s
+        self.med_ready = _ewma(self.med_ready, ref_s)
+        self.step_time = _ewma(self.step_time, st)
 
     def _level_scales(self, spread: list[float]) -> list[float]:
         """Per level (rank, host, switch) the noise scale: the spread across the level's
