@@ -26,12 +26,19 @@ RESTART_COLORS = {"detection": "#54278f", "queue": "#9e9ac8", "init": "#e7298a",
                   "restore": "#1b9e77", "warmup": "#e6ab02", "unattributed": "#dadaeb"}
 #: Shades of grey for the named parts of "other" (eval, a custom label, since the last step).
 OTHER_SHADES = ("#525252", "#969696", "#bdbdbd", "#d9d9d9", "#737373", "#f0f0f0")
+#: The timeline's rows for ``rank_evicted`` events whose ``cause`` is ``dry_run`` or
+#: ``refused:<rail>`` (an eviction client's decision that evicted nothing).
+EVICT_DRY_RUN, EVICT_REFUSED = "rank_evicted:dry_run", "rank_evicted:refused"
 EVENT_STYLE = {  # kind: (label, colour, marker symbol)
     EventKind.FAILURE_DETECTED: ("failure", "#d62728", "x"),
     EventKind.ATTEMPT_END: ("attempt ended", "#d62728", "x-thin"),
     EventKind.PREEMPTED: ("preempted", "#e377c2", "diamond"),
     EventKind.CKPT_SAVE_START: ("checkpoint", "#1f77b4", "line-ns"),
     EventKind.RANK_EVICTED: ("eviction", "#ff7f0e", "triangle-down"),
+    # decisions that evicted nothing (goodlens.exporter.elastic): rows of their own, so an
+    # eviction marker always means a node left
+    EVICT_DRY_RUN: ("eviction (dry run)", "#ff7f0e", "triangle-down-open"),
+    EVICT_REFUSED: ("eviction refused", "#7f7f7f", "triangle-down-open"),
     EventKind.RANK_JOINED: ("rank joined", "#17becf", "triangle-up"),
     EventKind.WORLD_RESIZED: ("resize", "#8c564b", "square"),
     EventKind.STRAGGLER_FLAGGED: ("straggler flagged", "#ff7f0e", "star"),
@@ -170,8 +177,9 @@ def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float,
                         textfont={"color": "#08306b"}, showlegend=False,
                         hovertemplate=(f"attempt {a.attempt}: {format_duration(a_end - a.start)}"
                                        f", {reason}<extra></extra>"))
+    rows = _event_rows(events)
     for kind, (name, colour, symbol) in EVENT_STYLE.items():
-        ev = events[events.kind == kind] if len(events) else events
+        ev = events[rows == kind] if len(events) else events
         if not len(ev):
             continue
         text = [_event_text(r) for r in ev.itertuples()]
@@ -184,6 +192,19 @@ def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float,
     if x_range:
         fig.update_xaxes(range=x_range, autorange=False)
     return fig
+
+
+def _event_rows(events: pd.DataFrame) -> pd.Series:
+    """Each event's row on the timeline: its kind, but for an eviction decision that
+    evicted nothing (:data:`EVICT_DRY_RUN`, :data:`EVICT_REFUSED`)."""
+    if not len(events) or "cause" not in events:
+        return events.kind if len(events) else pd.Series([], dtype=object)
+    rows = events.kind.astype(object).copy()
+    cause = events.cause.fillna("").astype(str)
+    evicted = events.kind == EventKind.RANK_EVICTED
+    rows[evicted & (cause == "dry_run")] = EVICT_DRY_RUN
+    rows[evicted & cause.str.startswith("refused")] = EVICT_REFUSED
+    return rows
 
 
 def _event_text(r: Any) -> str:

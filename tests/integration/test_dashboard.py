@@ -500,3 +500,22 @@ def test_overview_exclusions_equal_the_report_with_the_same_exclusions(sim64: St
     assert d["series"].goodput.iloc[-1] >= plain["series"].goodput.iloc[-1]
     parts = pages.overview_parts(d)
     assert {o["value"] for o in parts["overview-exclude"]} >= {"queue"}
+
+
+def test_timeline_draws_eviction_decisions_that_evicted_nothing_apart() -> None:
+    """An eviction client's dry run and refusals are ``rank_evicted`` events too; only the
+    one that evicted is drawn as an eviction."""
+    attempts = pd.DataFrame({"attempt": [0], "start": [0.0], "end": [100.0],
+                             "end_reason": ["completed"], "last_activity": [100.0]})
+    events = pd.DataFrame({
+        "time": [10.0, 20.0, 30.0, 40.0], "attempt": [0, 0, 0, 0],
+        "kind": ["rank_evicted"] * 4,
+        "cause": ["straggler", "dry_run", "refused:cap", "refused:confidence"],
+        "rank": [2, 4, 6, 6], "host": ["n1", "n2", "n3", "n3"]})
+    f = fig.timeline_figure(attempts, events, 100.0)
+    rows = {t.name: len(t.x) for t in f.data if t.name and not t.name.startswith("attempt")}
+    assert rows == {"eviction": 1, "eviction (dry run)": 1, "eviction refused": 2}
+    refused = next(t for t in f.data if t.name == "eviction refused")
+    assert list(refused.text) == ["eviction (attempt 0), cause refused:cap, rank 6, host n3",
+                                  "eviction (attempt 0), cause refused:confidence, rank 6, "
+                                  "host n3"]
