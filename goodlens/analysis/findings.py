@@ -113,6 +113,7 @@ def finding_cells(f: dict[str, Any]) -> dict[str, str]:
     def dur(v: Any) -> str:
         return "" if v is None or v != v else format_duration(float(v))
     a = finding_attempt(f)
+    resolved = f.get("status") == "resolved"
     return {"subject": f"{f['subject_kind']} {f['subject_id']}",
             "relative_to": str(f.get("relative_to") or ""),
             "attempt": "" if a is None else str(a),
@@ -122,5 +123,6 @@ def finding_cells(f: dict[str, Any]) -> dict[str, str]:
             "straggler_wait": dur(f.get("straggler_wait_s")),
             "wait_per_hour": dur(f.get("wait_per_hour_s")),
             "action": str(f.get("action") or ""),
-            "confidence": f"{float(f.get('confidence') or 0.0):.2f}",
-            "state": "resolved" if f.get("status") == "resolved" else "open"}
+            # a resolved finding has no evidence left: its confidence reads 0, not a doubt
+            "confidence": "-" if resolved else f"{float(f.get('confidence') or 0.0):.2f}",
+            "state": "resolved" if resolved else "open"}

@@ -66,3 +66,20 @@ def test_straggler_notes_count_episodes():
     assert prov["straggler_per_node_day"] == "measured: 2 flagged episodes"
     _stragglers([], 86400.0, 2, prov)
     assert prov["straggler_per_node_day"] == "measured: no straggler flagged"
+
+
+def test_a_finding_row_reads_as_the_cli_and_the_ranks_page_show_it() -> None:
+    """``goodlens detect``'s and the ranks page's cells for one finding, open then resolved
+    (a resolved finding has no evidence left: no confidence to show)."""
+    from goodlens.analysis.findings import finding_cells
+    f = {"subject_kind": "rank", "subject_id": 21, "relative_to": "the other ranks of host n2",
+         "id": "2/rank/21/2141", "attempt": 2, "first_step": 2141, "detected_step": 2152,
+         "slowdown": 0.1004, "straggler_wait_s": 3.4, "wait_per_hour_s": 230.0,
+         "action": "evict", "confidence": 0.751, "status": "update"}
+    assert finding_cells(f) == {
+        "subject": "rank 21", "relative_to": "the other ranks of host n2", "attempt": "2",
+        "first_step": "2141", "detected_step": "2152", "slowdown": "10.0%",
+        "straggler_wait": "3.4s", "wait_per_hour": "3m 50s", "action": "evict",
+        "confidence": "0.75", "state": "open"}
+    done = finding_cells({**f, "status": "resolved", "confidence": 0.0})
+    assert (done["confidence"], done["state"]) == ("-", "resolved")
