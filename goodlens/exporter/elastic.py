@@ -18,7 +18,9 @@ Why it exists: goodlens's planners say what to do when nodes are lost and its de
   (``mode`` ``off`` by default), a minimum confidence, at most ``max_per_hour`` evictions
   in any hour (counted from a history file that outlives the processes, as evictions
   restart them), never below ``min_nodes``, only a node of the current world, one decision
-  per finding; ``dry_run`` records what it would have done and evicts nothing. Every
+  per finding (a refusal for confidence is recorded once and decided again as the
+  finding's confidence grows); ``dry_run`` records what it would have done and evicts
+  nothing. Every
   decision is a ``rank_evicted`` event whose ``detail`` holds the finding that caused it and
   whose ``cause`` says what happened: ``straggler`` (evicted), ``dry_run`` (would have) or
   ``refused:<rail>``. :func:`agreed_eviction` makes every rank learn the decision at the same
@@ -152,6 +154,10 @@ def _finding_host(f: dict[str, Any]) -> str | None:
     return host if isinstance(host, str) and host else None
 
 
+#: The one verdict that is not final (the finding's confidence may still grow).
+REFUSED_CONFIDENCE = "refused:confidence"
+
+
 class EvictionClient:
     """Rank 0's side of automatic eviction: polls ``GET /v1/actions`` in a thread, applies
     the rails, records every decision, and hands the training loop at most one host to
@@ -194,14 +200,17 @@ class EvictionClient:
 
     def decide(self, finding: dict[str, Any], now: float | None = None) -> Decision | None:
         """Apply the rails to one finding; None when it is not this job's to decide (no
-        host, already decided). Records and remembers the decision."""
+        host, already decided). Records and remembers the decision. Every verdict is final
+        but ``refused:confidence``: a finding's confidence grows as its evidence does, so a
+        doubtful one is recorded once and decided again at later polls."""
         now = time.time() if now is None else now
         fid = str(finding.get("id") or "")
         host = _finding_host(finding)
         if not fid or host is None:
             return None
         past = self.past()
-        if any(p.get("finding_id") == fid for p in past):
+        mine = {p.get("verdict") for p in past if p.get("finding_id") == fid}
+        if mine - {REFUSED_CONFIDENCE}:
             return None
         p = self.policy
         try:
@@ -218,7 +227,7 @@ class EvictionClient:
         elif host not in world:
             verdict = "refused:not_in_world"
         elif not conf >= p.min_confidence:
-            verdict = "refused:confidence"
+            verdict = REFUSED_CONFIDENCE
         elif len(world) - 1 < p.min_nodes:
             verdict = "refused:min_nodes"
         elif len(recent) >= p.max_per_hour:
@@ -227,6 +236,8 @@ class EvictionClient:
             verdict = "dry_run"
         else:
             verdict = "evict"
+        if verdict in mine:  # still too doubtful: recorded once, asked again next poll
+            return None
         d = Decision(host, verdict, finding, now)
         self._remember(d, fid)
         return d

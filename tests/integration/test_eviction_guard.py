@@ -313,3 +313,22 @@ def test_the_collector_offers_a_confirmed_evict_after_a_failure_and_a_new_world(
     finally:
         writer.stop()
         store.close()
+
+
+def test_a_doubtful_finding_is_refused_once_and_evicted_once_its_confidence_grows(fake,
+                                                                                   tmp_path):
+    c, exp = client(fake, tmp_path, ["node-a", "node-b", "node-c"], min_nodes=1)
+    fake.say(finding("f1", "node-b", confidence=0.5, ranks=[2]))
+    assert c.poll_once().verdict == "refused:confidence"
+    # asked again while still doubtful: nothing new is recorded
+    fake.say(finding("f1", "node-b", confidence=0.7, ranks=[2]))
+    assert c.poll_once() is None and c.take() is None
+    # the evidence grew past the minimum (0.8): the same finding is now evicted, once
+    fake.say(finding("f1", "node-b", confidence=0.85, ranks=[2]))
+    d = c.poll_once()
+    assert d is not None and d.verdict == "evict" and c.take() == d
+    assert c.poll_once() is None
+    flushed(exp)
+    assert fake.evicted() == [("node-b", "refused:confidence", 2), ("node-b", "straggler", 2)]
+    assert [p["verdict"] for p in c.past()] == ["refused:confidence", "evict"]
+    exp.close()
