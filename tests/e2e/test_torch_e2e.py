@@ -133,11 +133,14 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_recompute_matches(tmp_pa
     # recompute = those steps' time (median rank) plus at most the partial step in flight:
     # up to the failure instant the survivors recorded (their collective raised: a loaded
     # machine notices later), else one median step
+    # (the design's clock: a step starts at its lowest reporting rank's start and lasts the
+    # median rank's duration; the partial step runs from that end of the last step)
     per_step = redone.groupby("step").duration_s.median()
     step_s = first.duration_s.median()
     partial = step_s
     if len(failures[failures.attempt == 0]):
-        last_end = float((first.start_time + first.duration_s).max())
+        last = first[first.step == first.step.max()].sort_values("rank")
+        last_end = float(last.start_time.iloc[0]) + float(last.duration_s.median())
         partial = max(step_s, float(failures[failures.attempt == 0].time.min()) - last_end)
     assert per_step[full].sum() - 0.05 <= rep["buckets"]["recompute"] \
         <= per_step.sum() + partial + 0.05
