@@ -47,7 +47,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -64,6 +63,7 @@ from goodlens.analysis.intervals import (
     union,
 )
 from goodlens.analysis.stepwaits import step_waits
+from goodlens.analysis.window import run_span
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
@@ -332,11 +332,7 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
     firsts = {a: int(g.step.min()) for a, g in by_attempt.items()}
     last_row = attempts.iloc[-1]
     in_progress = is_missing(last_row["end"])
-    if in_progress:
-        clock = time.time() if now is None else now
-        run_end = max(clock, _num(last_row.get("last_activity"), clock))
-    else:
-        run_end = float(last_row["end"])
+    run_end = run_span(attempts, now)[1]   # (a run in progress: now, or its last activity)
     # each attempt owns the time from its start to the next attempt's start
     spans: dict[int, tuple[float, float]] = {}
     prev_end = None
