@@ -141,10 +141,10 @@ def test_overview_of_a_silent_running_run_follows_the_report(
                        "attempt": 0}})])
         store.write_group([_steps("r", 4, range(50))])
         store.summarize_dirty()
-        import goodlens.analysis.accounting as acc
+        import goodlens.analysis.window as win  # the accounting's clock (run_span)
         clock = {"now": T0 + 100.0}
         fake = types.SimpleNamespace(time=lambda: clock["now"])
-        monkeypatch.setattr(acc, "time", fake)
+        monkeypatch.setattr(win, "time", fake)
         import goodlens.dashboard.data as dd
         monkeypatch.setattr(dd, "time", fake)  # the page's clock is the report's
         data = RunData(store)
