@@ -22,6 +22,17 @@ a 2-core machine's cores (4 ranks on 2 cores mostly measure the scheduler).
     .venv/bin/python bench/torch_modes.py [--steps 600] [--nproc 4] [--config 64,1,20
         --config 512,2,8]
 
+``--in-process`` measures what each mode executes without the job's noise: one process, a
+world-1 gloo group, the example's MLP without sleep, each step in ``exp.step`` with the
+exporter pushing to the discard sink; blocks of ``--block-steps`` steps rotate over the
+models, and the table gives each mode's training-thread CPU per step over plain (median of
+the blocks' paired differences, 95% bootstrap interval). ``--against DIR`` adds the modes
+as another checkout's ``goodlens/exporter/torch_collectives.py`` installs them (e.g. the
+previous commit's tree from ``git archive``), rotated with this tree's in the same process:
+
+    .venv/bin/python bench/torch_modes.py --in-process [--blocks 80] [--block-steps 40]
+        [--config 64,1 --config 512,2] [--against /tmp/previous-tree]
+
 Target: <= 1% for the default mode at the example's defaults and on a 512-wide model at
 ~20 ms steps.
 """
@@ -29,6 +40,7 @@ Target: <= 1% for the default mode at the example's defaults and on a 512-wide m
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -36,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +123,90 @@ def one_job(hidden: int, layers: int, compute_ms: float, steps: int, nproc: int,
         return json.loads(out.read_text())
 
 
+def _collective_modules(against: str | None) -> dict[str, Any]:
+    """Label prefix -> a ``torch_collectives`` module: this tree's (``""``) and, with
+    ``against``, another checkout's copy of the file, loaded under another name."""
+    from goodlens.exporter import torch_collectives
+    mods: dict[str, Any] = {"": torch_collectives}
+    if against:
+        path = Path(against) / "goodlens" / "exporter" / "torch_collectives.py"
+        spec = importlib.util.spec_from_file_location("torch_collectives_against", path)
+        assert spec is not None and spec.loader is not None, path
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mods["against:"] = mod
+    return mods
+
+
+def in_process(hidden: int, layers: int, blocks: int, block_steps: int, url: str,
+               against: str | None) -> dict[str, list[float]]:
+    """Training-thread CPU (us per step, one value per block) of each model: ``plain`` and
+    every mode of this tree (and of ``against``), in one process (world-1 gloo)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from train_ddp import batch, make_model
+
+    from goodlens.exporter import RankExporter
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    exp = RankExporter(run_id="modes-in-process", url=url, flush_interval_s=1.0,
+                       spill_dir=None)
+    models: dict[str, Any] = {}
+    for label, mod in [("", None), *_collective_modules(against).items()]:
+        for mode in (["plain"] if mod is None else MODES[1:]):
+            m = DDP(make_model(hidden, layers))
+            if mod is not None:
+                mod.attach(m, exp, None, mode)
+            models[label + mode] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+    loss_fn = nn.MSELoss()
+    x, y = batch(0, 0)
+    names = list(models)
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    step = 0
+    try:
+        for b in range(blocks):
+            for name in names[b % len(names):] + names[:b % len(names)]:
+                model, opt = models[name]
+                c0 = time.thread_time_ns()
+                for _ in range(block_steps):
+                    with exp.step(step):
+                        opt.zero_grad(set_to_none=True)
+                        loss_fn(model(x), y).backward()
+                        opt.step()
+                    step += 1
+                cpu[name].append((time.thread_time_ns() - c0) / block_steps / 1e3)
+    finally:
+        exp.close()
+        models.clear()
+        dist.destroy_process_group()
+    return cpu
+
+
+def in_process_table(args: argparse.Namespace, url: str) -> list[str]:
+    """Markdown rows of :func:`in_process` for each ``--config`` (first 3 blocks skipped)."""
+    rng = np.random.default_rng(0)
+    lines = [f"one process, world-1 gloo, {args.blocks} blocks of {args.block_steps} steps "
+             "per model; load average at start "
+             f"{' / '.join(f'{v:.2f}' for v in os.getloadavg())}", "",
+             "| model | plain us/step | mode | us/step | thread CPU over plain (us) |",
+             "|---|---:|---|---:|---:|"]
+    for config in args.config or ["64,1", "512,2"]:
+        hidden, layers = (int(v) for v in config.split(",")[:2])
+        cpu = in_process(hidden, layers, args.blocks, args.block_steps, url, args.against)
+        plain = np.asarray(cpu.pop("plain")[3:])
+        for name, values in cpu.items():
+            v = np.asarray(values[3:])
+            med, lo, hi = _median_ci(v - plain, rng)
+            lines.append(f"| {hidden}x{layers} | {np.median(plain):.1f} | {name} | "
+                         f"{np.median(v):.1f} | {med:+.1f} [{lo:+.1f}, {hi:+.1f}] |")
+    return lines
+
+
 def _median_ci(x: np.ndarray, rng: np.random.Generator, n_boot: int = 2000
                ) -> tuple[float, float, float]:
     """The median of ``x`` and its 95% bootstrap interval (percentile method)."""
@@ -162,11 +259,24 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--compute-ms", type=float, default=20.0)
+    ap.add_argument("--in-process", action="store_true",
+                    help="each mode's CPU per step in one process (see the docstring)")
+    ap.add_argument("--blocks", type=int, default=80, help="--in-process: blocks per model")
+    ap.add_argument("--block-steps", type=int, default=40, help="--in-process: block size")
+    ap.add_argument("--against", default=None,
+                    help="--in-process: another checkout whose modes run alongside")
     args = ap.parse_args()
     if args.worker:
         worker(args)
         return 0
     from bench.torch_overhead import Sink
+    if args.in_process:
+        sink = Sink()
+        try:
+            print("\n".join(in_process_table(args, sink.url)))
+        finally:
+            sink.stop()
+        return 0
     configs = [tuple(c.split(",")) for c in (args.config or ["64,1,20", "512,2,8"])]
     sink = Sink()
     lines = [f"{args.nproc} ranks, {args.steps} rotations; intervals are 95% bootstrap "

@@ -198,6 +198,23 @@ def kill_tree(proc: subprocess.Popen) -> None:
         psutil.wait_procs(family, timeout=10)
 
 
+class WaitSink:
+    """Stands in for the exporter in the collective-timing tests: keeps ``add_wait``
+    calls (the waits a timer reports), ignores events."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def add_wait(self, kind: str, seconds: float) -> None:
+        assert kind == "collective"
+        self.waits.append(seconds)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        pass
+
+
 def push_steps(c: Collector, run: str, steps: list[int], attempt: int = 0,
                ranks: int = 4) -> None:
     """Push ``steps`` of ``ranks`` ranks to collector ``c`` (JSON) and wait until stored."""

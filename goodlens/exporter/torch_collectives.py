@@ -6,15 +6,17 @@ collectives=...)``):
 
 - ``exposed`` (the default for CPU models): the time the training thread is *blocked*
   at the end of ``backward()`` waiting for DDP's all-reduces, with no communication hook.
-  A forward hook on the DDP module registers a gradient hook on its output; when the
-  backward pass reaches it (first thing in ``backward()``), it queues an autograd final
-  callback. Final callbacks run in the order queued once the gradients are computed: ours
-  runs before DDP's (which DDP queues when its last bucket is ready, later), stamps the time
-  and queues a second callback, which runs after DDP's finalisation, i.e. after every
-  bucket's all-reduce completed and the gradients were written back. The difference is
-  the exposed wait; all-reduce time hidden behind backward compute is not in it (the rank
-  was computing, not waiting). Cost: three Python calls and one tensor hook per step, and
-  DDP keeps its C++ all-reduce.
+  A post-accumulate-grad hook, registered once on a parameter DDP reduces, queues an
+  autograd final callback when that gradient is accumulated (before DDP's own hook on the
+  parameter runs). Final callbacks run in the order queued once the gradients are
+  computed: ours runs before DDP's (which DDP queues when its last bucket is ready, later),
+  stamps the time and queues a second callback, which runs after DDP's finalisation, i.e.
+  after every bucket's all-reduce completed and the gradients were written back. The
+  difference is the exposed wait; all-reduce time hidden behind backward compute is not in
+  it (the rank was computing, not waiting). Cost: three Python calls from autograd per
+  step, nothing registered per forward, and DDP keeps its C++ all-reduce. With
+  ``find_unused_parameters`` (and for ``static_graph``'s first step) a gradient hook on
+  each forward's output queues the first callback instead (:class:`_ExposedWaitTimer`).
 - ``hook``: a communication hook equivalent to DDP's default (average by all-reduce) that
   times each bucket from launch to completion (the union over buckets, overlapping ones
   counted once), including the part overlapped with backward compute. On CUDA buckets it
@@ -167,6 +169,7 @@ class _CollectiveTimer:
         self.lock = threading.Lock()
         self.covered_until = 0.0
         self.buckets = 0
+        self.world: int | None = None  # the group's size, read at the first bucket
 
     def record(self, t0: float, t1: float) -> None:
         with self.lock:
@@ -180,9 +183,13 @@ class _CollectiveTimer:
 
 def _timed_allreduce_hook(state: _CollectiveTimer, bucket: Any) -> Any:
     """DDP communication hook: average the bucket with an all-reduce, timing its future."""
-    group = state.group if state.group is not None else dist.group.WORLD
+    group, world = state.group, state.world
+    if world is None:  # first bucket: resolve the group and its size once (~1.4 us a bucket)
+        if group is None:
+            group = state.group = dist.group.WORLD
+        world = state.world = dist.get_world_size(group)
     tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size(group))
+    tensor.div_(world)
     device = state.device
     if device is not None and tensor.is_cuda:
         token = device.begin(bucket.is_last())
@@ -232,19 +239,79 @@ def _first_tensor(output: Any) -> Any:
     return None
 
 
+def _reduced_param_first_in_backward(model: Any) -> Any:
+    """The parameter DDP all-reduces whose gradient it expects first in backward (the last
+    of its parameters in registration order: DDP buckets them in reverse order), or None.
+
+    Any parameter DDP reduces would do for :class:`_ExposedWaitTimer` (DDP queues its
+    finalisation only after every one of them is ready, and a post-accumulate-grad hook runs
+    before DDP's hook on the same parameter); the first-arriving one also stays out of
+    reentrant activation checkpointing, which rarely wraps the output layer."""
+    params = getattr(model, "_module_parameters", None)
+    if params is None:
+        ignored = getattr(model, "parameters_to_ignore", ())
+        params = [p for n, p in model.module.named_parameters() if n not in ignored]
+    params = [p for p in params if p.requires_grad]
+    return params[-1] if params else None
+
+
 class _ExposedWaitTimer:
     """The ``exposed`` mode: time blocked at the end of ``backward()`` in DDP's
     finalisation (waiting for the all-reduces), from two autograd final callbacks around
-    DDP's own (see the module docstring). One measurement per backward pass."""
+    DDP's own (see the module docstring). One measurement per backward pass.
+
+    The first callback is queued by a post-accumulate-grad hook registered once, at
+    :meth:`install`, on a parameter DDP reduces (:func:`_reduced_param_first_in_backward`):
+    it runs inside that parameter's gradient accumulation, before DDP's own hook on it, so
+    before DDP can queue its finalisation. Per step: three Python calls from autograd, two
+    ``queue_callback``, two ``perf_counter`` and the exporter's ``add_wait``; nothing is
+    registered or allocated per forward.
+
+    Where that parameter may get no gradient (``find_unused_parameters=True``) or DDP
+    queues work at the very start of backward (its first ``static_graph`` iteration), a
+    forward hook instead registers a gradient hook on each forward's output, which runs
+    first in ``backward()`` (the previous design: about 45 us more of the training thread's
+    CPU per step, ``bench/torch_modes.py --in-process``); with ``static_graph`` only until
+    the first measurement.
+    """
 
     def __init__(self, exporter: Any) -> None:
         self.exporter = exporter
         self.queue = torch.autograd.Variable._execution_engine.queue_callback
-        self.armed = False
+        self.armed = False  # the output-hook path: this backward is being measured
         self.t0 = 0.0
         self.measured = 0
+        self.param: Any = None  # where the post-accumulate-grad hook goes (or went)
+        self.param_hook: Any = None  # its handle
+        self.forward_handle: Any = None  # the output-hook path's forward hook, while used
+        self.permanent_forward = False
+        self._before = self.before_finalize  # bound once: the hot path allocates none
+        self._after = self.after_finalize
+
+    def install(self, model: Any) -> None:
+        """Hook ``model`` (DDP): the parameter hook, or the output-hook path where needed."""
+        if not getattr(model, "_use_python_reducer", False):
+            self.param = _reduced_param_first_in_backward(model)
+        self.permanent_forward = (self.param is None
+                                  or bool(getattr(model, "find_unused_parameters", False)))
+        if self.permanent_forward or getattr(model, "static_graph", False):
+            self.forward_handle = model.register_forward_hook(self.forward_hook)
+        else:
+            self._use_param_hook()
+
+    def _use_param_hook(self) -> None:
+        if self.forward_handle is not None:
+            self.forward_handle.remove()
+            self.forward_handle = None
+        self.param_hook = self.param.register_post_accumulate_grad_hook(self.on_grad_ready)
+
+    def on_grad_ready(self, param: Any) -> None:
+        self.queue(self._before)
 
     def forward_hook(self, module: Any, args: Any, output: Any) -> None:
+        if self.measured and not self.permanent_forward:  # static graph: first step done
+            self._use_param_hook()
+            return
         if self.armed or not torch.is_grad_enabled():
             return
         tensor = _first_tensor(output)
@@ -254,16 +321,17 @@ class _ExposedWaitTimer:
     def on_output_grad(self, grad: Any) -> None:
         if not self.armed:  # several outputs of one backward: measure once
             self.armed = True
-            self.queue(self.before_finalize)
+            self.queue(self._before)
 
     def before_finalize(self) -> None:
         self.t0 = perf_counter()
-        self.queue(self.after_finalize)  # runs after DDP's finalisation, queued meanwhile
+        self.queue(self._after)  # runs after DDP's finalisation, queued meanwhile
 
     def after_finalize(self) -> None:
+        t1 = perf_counter()
         self.armed = False
         self.measured += 1
-        self.exporter.add_wait("collective", perf_counter() - self.t0)
+        self.exporter.add_wait("collective", t1 - self.t0)
 
 
 def _on_cuda(model: Any) -> bool:
@@ -285,7 +353,7 @@ def attach(model: Any, exporter: Any, process_group: Any = None,
         collectives = "hook" if _on_cuda(model) else "exposed"
     if collectives == "exposed":
         timer = _ExposedWaitTimer(exporter)
-        model.register_forward_hook(timer.forward_hook)
+        timer.install(model)
         return timer
     device = (_DeviceCollectiveTimer(exporter, _new_cuda_event)
               if torch.cuda.is_available() else None)

@@ -14,27 +14,13 @@ import time
 
 import pytest
 
+from tests.harness import WaitSink as Sink
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
 DELAY = 0.05
 STEPS = 12
-
-
-class Sink:
-    """Stands in for the exporter: keeps add_wait calls."""
-
-    enabled = True
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def add_wait(self, kind: str, seconds: float) -> None:
-        assert kind == "collective"
-        self.waits.append(seconds)
-
-    def event(self, kind: str, **fields) -> None:
-        pass
 
 
 def worker(rank: int, port: int, mode: str, out: str) -> None:
