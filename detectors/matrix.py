@@ -10,9 +10,12 @@ attempt's offset plus the step's distance from the attempt's first step: one lin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # frame_matrix's argument only: the detector runs without pandas
+    import pandas as pd
 
 #: Steps of an attempt's span with no row at all are kept as empty rows only while the span
 #: stays within this factor of the rows present (else the steps are ranked instead).
@@ -38,6 +41,8 @@ class StepMatrix:
 def step_matrix(attempt: np.ndarray, step: np.ndarray, rank: np.ndarray, value: np.ndarray,
                 duration: np.ndarray | None = None) -> StepMatrix:
     """The matrix of ``value`` from per-row arrays (any row order)."""
+    import pandas as pd  # here, not at the top: ``goodlens detect`` never builds one
+
     att = np.asarray(attempt, np.int64)
     stp = np.asarray(step, np.int64)
     rnk = np.asarray(rank, np.int64)

@@ -9,9 +9,12 @@ per-rank median time divided by its own median; a score under 0.75 flags the ran
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # nvidia_rule's argument only: the detector runs without pandas
+    import pandas as pd
 
 from goodlens.detectors.matrix import frame_matrix
 

@@ -23,15 +23,18 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from goodlens.detectors.fastforward import fast_forward
 from goodlens.detectors.matrix import StepMatrix, frame_matrix
 from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
 from goodlens.detectors.scoring import Block, Units, capped_scores, excluded, prepare
 from goodlens.detectors.topology import Layout, Topology
+
+if TYPE_CHECKING:  # the batch entry's frames only: detect_matrix runs without pandas
+    import pandas as pd
 
 __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topology",
            "detect_matrix", "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
@@ -501,6 +504,8 @@ def ready_column(steps: pd.DataFrame) -> pd.Series:
     """Each row's time to reach the collective: ``duration_s - collective_wait_s`` where the
     collective wait was reported, else ``compute_s + data_wait_s`` (data wait 0 if absent),
     else NaN (a ``ready_s`` column, when present, is taken as is)."""
+    import pandas as pd
+
     if "ready_s" in steps:
         return steps["ready_s"]
     nan = pd.Series(np.nan, index=steps.index)

@@ -37,8 +37,9 @@ def run_tags(info: dict[str, Any] | None) -> dict[str, Any]:
 def detect_run(source: RunReader, run_id: str) -> list[Finding]:
     """Every finding the streaming detector reports over the stored run, each in its latest
     state (batch pass over each rank's time to reach the collective; needs the store's raw
-    step records). The topology is where each rank ran in the latest attempt."""
-    info = source.run(run_id)
+    step records). The topology is where each rank ran in the latest attempt. Reads arrays
+    and rows, never a frame: ``goodlens detect`` runs without importing pandas."""
+    info = source.run_row(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
     keys, values = source.ready_matrix(run_id)
@@ -46,13 +47,12 @@ def detect_run(source: RunReader, run_id: str) -> list[Finding]:
         return []
     n = values.shape[1]
     topology = None
-    hosts = source.rank_hosts(run_id)
-    if len(hosts) and hosts.host.notna().all():
-        by_rank = dict(zip(hosts["rank"], hosts.host))
-        if all(r in by_rank for r in range(n)):
-            topology = Topology.from_run([by_rank[r] for r in range(n)], run_tags(info))
-    sm = StepMatrix(keys.attempt.to_numpy(np.int64), keys.step.to_numpy(np.int64), values,
-                    keys.duration_s.to_numpy(float))
+    by_rank = source.rank_host_map(run_id)
+    if by_rank and all(h is not None for h in by_rank.values()) \
+            and all(r in by_rank for r in range(n)):
+        topology = Topology.from_run([by_rank[r] for r in range(n)], run_tags(info))
+    sm = StepMatrix(np.asarray(keys["attempt"], np.int64), np.asarray(keys["step"], np.int64),
+                    values, np.asarray(keys["duration_s"], float))
     return detect_matrix(sm, topology=topology)
 
 

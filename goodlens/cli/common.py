@@ -73,7 +73,7 @@ def read_run(db: str, run_id: str, read: Any) -> Any:
     there (a clear error naming the store when not); the store is closed afterwards."""
     store = open_store(db)
     try:
-        if store.run(run_id) is None:
+        if store.run_row(run_id) is None:  # a lookup of one row, no frame (pandas)
             raise click.ClickException(f"no run {run_id!r} in {db}; see `goodlens runs`")
         return read(store, run_id)
     finally:
@@ -121,8 +121,11 @@ def open_store(db: str, read_only: bool = True, init: bool = False) -> Any:
     """Open a DuckDB file or ``parquet:DIR``; a held, missing or foreign file is a clean
     error (exit code 2 for one that is not a goodlens store); ``init`` lets a writable open
     add goodlens's tables to a DuckDB file without them."""
-    from goodlens.storage.parquet import open_store as open_any
     from goodlens.storage.store import NotAStore, SchemaMismatch
+    if str(db).startswith("parquet:"):
+        from goodlens.storage.parquet import open_store as open_any
+    else:  # a DuckDB file: the dataset's modules (and pyarrow) stay unloaded
+        from goodlens.storage.store import open_file as open_any
     try:
         return open_any(db, read_only=read_only, init=init)
     except NotAStore as exc:

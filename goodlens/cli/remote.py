@@ -14,12 +14,14 @@ import tempfile
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import pyarrow as pa
 
 from goodlens.cli.common import CollectorError, collector_url, get_bytes, open_store, read_run
+
+if TYPE_CHECKING:  # pyarrow is imported to fetch from a collector: --db reads without it
+    import pyarrow as pa
 
 TRACE_TABLES = ("runs", "steps", "events", "attempts")
 
@@ -27,6 +29,8 @@ TRACE_TABLES = ("runs", "steps", "events", "attempts")
 def fetch_table(url: str, token: str | None, name: str, run_id: str) -> pa.Table:
     """One table of ``run_id`` from the collector at ``url``; a run it does not hold is a
     one-line error saying how to list its runs."""
+    import pyarrow as pa
+
     base = collector_url(url)
     query = urllib.parse.urlencode({"run": run_id})
     try:
@@ -50,6 +54,8 @@ def fetch_table(url: str, token: str | None, name: str, run_id: str) -> pa.Table
 
 def fetch_run(url: str, token: str | None, run_ids: list[str]) -> dict[str, pa.Table]:
     """The trace tables of ``run_ids`` from the collector at ``url``, each concatenated."""
+    import pyarrow as pa
+
     parts: dict[str, list[pa.Table]] = {name: [] for name in TRACE_TABLES}
     for run_id in run_ids:
         for name in TRACE_TABLES:

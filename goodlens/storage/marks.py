@@ -13,13 +13,17 @@ is stored (:meth:`PendingMarks.commit`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
-from goodlens.model.batch import Batch
 from goodlens.storage.schema import EVENT_NAMES, STEP_NAMES
+
+if TYPE_CHECKING:  # the written rows' types only: a store opened to read loads no pyarrow
+    import pyarrow as pa
+
+    from goodlens.model.batch import Batch
 
 #: The rows of a registered batch ``_batch`` that are not stored yet (each key once): the
 #: exact check when a batch does not lie above its high-water marks. Parameters: run id,

@@ -101,7 +101,7 @@ from goodlens.storage.segments import (
     hour_of,
     remove_files,
 )
-from goodlens.storage.store import NotAStore, Store
+from goodlens.storage.store import NotAStore, Store, open_file
 
 _TIME = {"steps": "start_time", "events": "time"}
 _COVERS = b"goodlens.covers"  # a summary checkpoint's step segments (zlib, base64 JSON)
@@ -578,7 +578,5 @@ def open_store(spec: str | Path, *, read_only: bool = False, **kw: Any) -> Store
     text = str(spec)
     if text.startswith("parquet:"):
         return ParquetStore(text[len("parquet:"):], read_only=read_only, **kw)
-    if text.startswith("duckdb:"):
-        text = text[len("duckdb:"):]
-    return Store(text, read_only=read_only, **kw)
+    return open_file(text, read_only=read_only, **kw)
 

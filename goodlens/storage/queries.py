@@ -11,15 +11,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
 from goodlens.model.schema import EventKind as _K
 from goodlens.storage import reports
+
+if TYPE_CHECKING:  # the frames' and tables' types only: ``goodlens detect``'s reads
+    import pandas as pd  # (run_row, ready_matrix, rank_host_map) import neither
+    import pyarrow as pa
 
 
 class SparseRanks(ValueError):
@@ -116,6 +118,15 @@ class SqlReader:
         rows = self._runs(run_id).to_dict("records")
         return rows[0] if rows else None
 
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        """One run's metadata as stored (``run_id, name, world_size, gpus_per_rank,
+        global_batch, model_params, tags, first_seen``; NULL as None), or None when unknown:
+        a lookup of one row, without the overview's aggregates or a frame (what
+        ``goodlens detect`` reads)."""
+        cur = self._cursor().execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        row = cur.fetchone()
+        return None if row is None else dict(zip([d[0] for d in cur.description], row))
+
     def attempts(self, run_id: str) -> pd.DataFrame:
         """The run's attempts: number, start, end (null while running), end_reason."""
         return self._df('SELECT attempt, start, "end", end_reason, last_activity FROM attempts '
@@ -152,33 +163,55 @@ class SqlReader:
         return self._df(f"SELECT * EXCLUDE (run_id) FROM steps WHERE {where} "
                         "ORDER BY attempt, step, rank", params)
 
-    def ready_matrix(self, run_id: str) -> tuple[pd.DataFrame, np.ndarray]:
+    def ready_matrix(self, run_id: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """What the straggler detector reads, laid out for it: the run's steps in (attempt,
-        step) order with each step's median duration (``attempt, step, duration_s``), and a
-        steps x ranks float32 matrix of each rank's time to reach the collective (NaN: no
-        report). The row of each rank-step is computed in the query, so millions of rows
-        cost three narrow columns and one scatter, not a frame and a sort."""
-        from goodlens.storage.schema import READY
+        step) order with each step's median duration (arrays ``attempt``, ``step`` and
+        ``duration_s``, NaN where none is known), and a steps x ranks float32 matrix of each
+        rank's time to reach the collective (NaN: no report). The cell of each rank-step
+        (its step's row x ranks + its rank) is computed in the query
+        (:func:`_cells_query`), so millions of rows cost two narrow columns and one
+        scatter, not a frame and a sort (nor pandas)."""
         cur = self._cursor()
-        distinct, top = cur.execute("SELECT count(DISTINCT rank), max(rank) FROM steps "
-                                    "WHERE run_id = ?", [run_id]).fetchone()
-        if top is not None and top + 1 > rank_id_limit(distinct):
+        n, total = self._rank_columns(cur, run_id)
+        keys = cur.execute(
+            "SELECT attempt, step, coalesce(duration_median, 'NaN'::DOUBLE) AS duration_s "
+            "FROM step_summaries WHERE run_id = ? ORDER BY attempt, step",
+            [run_id]).fetchnumpy()
+        rows = len(keys["step"])
+        # a relation's fetchnumpy (not a cursor's result's): it converts twice as fast
+        sql, params = _cells_query(run_id, keys["attempt"], keys["step"], n)
+        got = cur.sql(sql, params=params).fetchnumpy()
+        m = np.full((rows, n), np.nan, np.float32)
+        m.reshape(-1)[got["cell"]] = got["ready"]
+        # as many columns as the rank ids of the rows laid out: every row's, unless some are
+        # of steps not summarised yet (a rank may have no other)
+        ranks = n if len(got["cell"]) == total else (
+            int((got["cell"] % n).max()) + 1 if len(got["cell"]) else 0)
+        return keys, m if ranks == n else np.ascontiguousarray(m[:, :ranks])
+
+    def _rank_columns(self, cur: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
+        """The largest rank id + 1 of the run's step rows (0: none) and how many rows there
+        are, once the ids are known not to be too sparse to lay out one column per rank id
+        (:func:`rank_id_limit`; else :class:`SparseRanks`). The ranks of the step most ranks
+        reported are counted first, a lower bound of the ranks reporting: the count over
+        every row is taken only when that bound does not clear the ids."""
+        top, total = cur.execute("SELECT max(rank), count(*) FROM steps WHERE run_id = ?",
+                                 [run_id]).fetchone()
+        if top is None:
+            return 0, 0
+        busiest = cur.execute("SELECT attempt, step FROM step_summaries WHERE run_id = ? "
+                              "ORDER BY ranks DESC, attempt, step LIMIT 1", [run_id]).fetchone()
+        if busiest is not None:
+            seen = cur.execute("SELECT count(DISTINCT rank) FROM steps WHERE run_id = ? AND "
+                               "attempt = ? AND step = ?", [run_id, *busiest]).fetchone()[0]
+            if top + 1 <= rank_id_limit(seen):
+                return int(top) + 1, int(total)
+        distinct = cur.execute("SELECT count(DISTINCT rank) FROM steps WHERE run_id = ?",
+                               [run_id]).fetchone()[0]
+        if top + 1 > rank_id_limit(distinct):
             raise SparseRanks(f"run {run_id!r}: rank ids up to {top} for {distinct} ranks "
                               "reporting: too sparse to lay out one column per rank id")
-        keys = cur.execute(
-            "SELECT attempt, step, duration_median AS duration_s FROM step_summaries "
-            "WHERE run_id = ? ORDER BY attempt, step", [run_id]).df()
-        got = cur.execute(f"""
-            WITH k AS (SELECT attempt, step, (row_number() OVER (ORDER BY attempt, step) - 1)
-                         ::INTEGER AS row FROM step_summaries WHERE run_id = $run)
-            SELECT k.row, s.rank::INTEGER AS rank,
-              coalesce(({READY})::FLOAT, 'NaN'::FLOAT) AS ready
-            FROM steps s JOIN k ON s.attempt = k.attempt AND s.step = k.step
-            WHERE s.run_id = $run""", {"run": run_id}).fetchnumpy()
-        ranks = int(got["rank"].max()) + 1 if len(got["rank"]) else 0
-        m = np.full((len(keys), ranks), np.nan, np.float32)
-        m[got["row"], got["rank"]] = got["ready"]
-        return keys, m
+        return int(top) + 1, int(total)
 
     def step_range(self, run_id: str, attempt: int, since: float | None = None,
                    until: float | None = None) -> tuple[int, int, int] | None:
@@ -249,17 +282,28 @@ class SqlReader:
     def rank_hosts(self, run_id: str, attempt: int | None = None) -> pd.DataFrame:
         """``rank, host`` as the ranks reported them at the first step of an attempt
         (default: the latest); empty when the run has no step records."""
+        attempt = self._host_attempt(run_id, attempt)
         if attempt is None:
-            row = self._cursor().execute("SELECT max(attempt) FROM step_summaries "
-                                         "WHERE run_id = ?", [run_id]).fetchone()
-            if row is None or row[0] is None:
-                return pd.DataFrame({"rank": [], "host": []})
-            attempt = int(row[0])
-        return self._df("""
-            SELECT rank, any_value(host) AS host FROM steps
-            WHERE run_id = ? AND attempt = ? AND step = (
-              SELECT min(step) FROM step_summaries WHERE run_id = ? AND attempt = ?)
-            GROUP BY rank ORDER BY rank""", [run_id, attempt, run_id, attempt])
+            import pandas as pd
+            return pd.DataFrame({"rank": [], "host": []})
+        return self._df(_RANK_HOSTS, [run_id, attempt, run_id, attempt])
+
+    def rank_host_map(self, run_id: str, attempt: int | None = None) -> dict[int, str | None]:
+        """:meth:`rank_hosts` as ``{rank: host}`` (None: no host reported), in rank order;
+        without a frame (what ``goodlens detect`` reads)."""
+        attempt = self._host_attempt(run_id, attempt)
+        if attempt is None:
+            return {}
+        rows = self._cursor().execute(_RANK_HOSTS, [run_id, attempt, run_id, attempt])
+        return {int(r): h for r, h in rows.fetchall()}
+
+    def _host_attempt(self, run_id: str, attempt: int | None) -> int | None:
+        """``attempt``, or the run's latest (None: the run has no step summaries)."""
+        if attempt is not None:
+            return attempt
+        row = self._cursor().execute("SELECT max(attempt) FROM step_summaries "
+                                     "WHERE run_id = ?", [run_id]).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     def run_metrics(self, window_steps: int = 100, run_ids: list[str] | None = None
                     ) -> pd.DataFrame:
@@ -315,6 +359,13 @@ class SqlReader:
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
+#: Each rank's host at the first step of an attempt (:meth:`SqlReader.rank_hosts`).
+_RANK_HOSTS = """
+    SELECT rank, any_value(host) AS host FROM steps
+    WHERE run_id = ? AND attempt = ? AND step = (
+      SELECT min(step) FROM step_summaries WHERE run_id = ? AND attempt = ?)
+    GROUP BY rank ORDER BY rank"""
+
 #: Key bits up to which a GROUP BY indexes an array instead of hashing (DuckDB's default is
 #: 12: 4,096 ranks); 16 covers 65,536 ranks.
 _PERFECT_HT_BITS = 16
@@ -344,6 +395,48 @@ _HOSTS_BY_HOST_RANK = f"""
     SELECT host, count(*) AS ranks, avg(v) AS mean, max(v) AS worst_rank_mean,
       arg_max(rank, v) AS worst_rank, min(rank) AS first_rank
     FROM r GROUP BY host ORDER BY first_rank"""
+
+
+#: Attempt numbers a run's attempts may span for :func:`_cells_query` to look each one's
+#: row offset up in a list indexed by the attempt (else the steps are joined instead).
+_MAX_ATTEMPT_SPAN = 1 << 16
+
+
+def _cells_query(run_id: str, attempt: np.ndarray, step: np.ndarray, n: int
+                 ) -> tuple[str, dict[str, Any]]:
+    """The query of each step row's cell in :meth:`SqlReader.ready_matrix`'s matrix of
+    ``n`` columns (its row x n + its rank) and its time to reach the collective, and its
+    parameters. A row is its (attempt, step)'s rank among the run's step summaries, whose
+    keys (sorted) are ``attempt``, ``step``: where each attempt's steps are consecutive
+    (nearly always), that is the step plus its attempt's shift (the rows of the attempts
+    before it, less its first step), looked up by attempt; rows of steps without a summary
+    are left out. Otherwise each row's key is joined with the summaries' row numbers."""
+    from goodlens.storage.schema import READY
+    cell = "INTEGER" if len(step) * n < 2**31 else "BIGINT"
+    ready = f"coalesce(({READY})::FLOAT, 'NaN'::FLOAT) AS ready"
+    params: dict[str, Any] = {"run": run_id, "n": n}
+    same = attempt[1:] == attempt[:-1]
+    if len(step) and (np.diff(step)[same] == 1).all() \
+            and attempt[-1] - attempt[0] < _MAX_ATTEMPT_SPAN:
+        first = np.flatnonzero(np.r_[True, ~same])   # each attempt's first row
+        last = np.r_[first[1:], len(step)] - 1
+        a0, span = int(attempt[0]), int(attempt[-1] - attempt[0]) + 1
+        shift, lo, hi = np.zeros(span, np.int64), np.ones(span, np.int64), np.zeros(span, np.int64)
+        at = attempt[first] - a0
+        shift[at], lo[at], hi[at] = first - step[first], step[first], step[last]
+        params |= {"a0": a0, "a1": a0 + span - 1, "shift": shift.tolist(), "lo": lo.tolist(),
+                   "hi": hi.tolist()}
+        i = "s.attempt - $a0 + 1"   # (an attempt without summaries: an empty step range)
+        return f"""
+            SELECT ((s.step + $shift[{i}]) * $n + s.rank)::{cell} AS cell, {ready}
+            FROM steps s WHERE s.run_id = $run AND s.attempt BETWEEN $a0 AND $a1
+              AND s.step BETWEEN $lo[{i}] AND $hi[{i}]""", params
+    return f"""
+        WITH k AS (SELECT attempt, step, row_number() OVER (ORDER BY attempt, step) - 1
+                     AS row FROM step_summaries WHERE run_id = $run)
+        SELECT (k.row * $n + s.rank)::{cell} AS cell, {ready}
+        FROM steps s JOIN k ON s.attempt = k.attempt AND s.step = k.step
+        WHERE s.run_id = $run""", params
 
 
 def _where(conds: dict[str, Any]) -> tuple[str, list]:

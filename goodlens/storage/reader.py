@@ -10,11 +10,12 @@ database driver, so depending on it keeps a layer free of SQL.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
+if TYPE_CHECKING:  # annotations only: ``goodlens detect`` reads without pandas
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
 
 
 class RunReader(Protocol):
@@ -36,6 +37,8 @@ class RunReader(Protocol):
 
     def run(self, run_id: str) -> dict[str, Any] | None: ...
 
+    def run_row(self, run_id: str) -> dict[str, Any] | None: ...
+
     def attempts(self, run_id: str) -> pd.DataFrame: ...
 
     def step_summaries(self, run_id: str, attempt: int | None = None,
@@ -49,7 +52,7 @@ class RunReader(Protocol):
               step_max: int | None = None, ranks: list[int] | None = None
               ) -> pd.DataFrame: ...
 
-    def ready_matrix(self, run_id: str) -> tuple[pd.DataFrame, np.ndarray]: ...
+    def ready_matrix(self, run_id: str) -> tuple[dict[str, np.ndarray], np.ndarray]: ...
 
     def step_range(self, run_id: str, attempt: int, since: float | None = None,
                    until: float | None = None) -> tuple[int, int, int] | None: ...
@@ -61,6 +64,9 @@ class RunReader(Protocol):
                      ) -> pd.DataFrame: ...
 
     def rank_hosts(self, run_id: str, attempt: int | None = None) -> pd.DataFrame: ...
+
+    def rank_host_map(self, run_id: str, attempt: int | None = None
+                      ) -> dict[int, str | None]: ...
 
     def run_metrics(self, window_steps: int = 100, run_ids: list[str] | None = None
                     ) -> pd.DataFrame: ...

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import orjson
-import pandas as pd
-import pyarrow as pa
+
+if TYPE_CHECKING:  # the runs page's type only: a store opens without importing pandas
+    import pandas as pd
 
 #: The runs list's sort keys (``sort=`` of ``/v1/runs``, ``goodlens runs --sort``) and the
 #: SQL each one orders by. ``duration``: the accounted wall-clock, else first to last activity.
@@ -89,12 +90,13 @@ class ReportRow:
     metrics: dict[str, Any] | None
 
 
-_ROW_TYPES = pa.schema([
-    ("run_id", pa.string()), ("computed_at", pa.float64()), ("final", pa.bool_()),
-    ("state", pa.string()), ("start", pa.float64()), ("last_time", pa.float64()),
-    ("attempts", pa.int64()), ("steps", pa.int64()), ("last_step", pa.int64()),
-    ("wall_clock_s", pa.float64()), ("goodput", pa.float64()), ("report", pa.string()),
-    ("metrics", pa.string())])
+#: The stored rows' columns and their pyarrow types, by name (:func:`save` builds the schema:
+#: pyarrow is imported to write rows, never to read them).
+_ROW_TYPES = (("run_id", "string"), ("computed_at", "float64"), ("final", "bool_"),
+              ("state", "string"), ("start", "float64"), ("last_time", "float64"),
+              ("attempts", "int64"), ("steps", "int64"), ("last_step", "int64"),
+              ("wall_clock_s", "float64"), ("goodput", "float64"), ("report", "string"),
+              ("metrics", "string"))
 
 
 def mark_changed(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> None:
@@ -134,11 +136,14 @@ def save(con: duckdb.DuckDBPyConnection, rows: list[ReportRow]) -> None:
     """Store ``rows`` (each replaces its run's previous one; none is stale)."""
     if not rows:
         return
+    import pyarrow as pa  # here: a store opened to read (goodlens detect) never writes
+
+    schema = pa.schema([(k, getattr(pa, t)()) for k, t in _ROW_TYPES])
     t = pa.Table.from_pylist([{
-        **{k: getattr(r, k) for k in _ROW_TYPES.names if k not in ("report", "metrics")},
+        **{k: getattr(r, k) for k in schema.names if k not in ("report", "metrics")},
         "report": None if r.report is None else orjson.dumps(r.report).decode(),
         "metrics": None if r.metrics is None else orjson.dumps(r.metrics).decode()}
-        for r in rows], schema=_ROW_TYPES)
+        for r in rows], schema=schema)
     con.register("_reports", t)
     try:
         con.execute("INSERT OR REPLACE INTO run_reports SELECT run_id, computed_at, final, "

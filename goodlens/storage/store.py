@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pyarrow as pa
 
-from goodlens.model.batch import Batch
 from goodlens.model.schema import SCHEMA_VERSION
 from goodlens.storage import reports, summaries
 from goodlens.storage.marks import (
@@ -53,7 +51,13 @@ from goodlens.storage.schema import (
     version_mismatch,
 )
 
-__all__ = ["NotAStore", "SchemaMismatch", "Store", "StoreWriteError", "WriteResult"]
+if TYPE_CHECKING:  # pyarrow is imported where rows are written: a read (goodlens detect)
+    import pyarrow as pa  # loads neither it nor the batch model
+
+    from goodlens.model.batch import Batch
+
+__all__ = ["NotAStore", "SchemaMismatch", "Store", "StoreWriteError", "WriteResult",
+           "open_file"]
 
 #: The tables and views goodlens keeps in a DuckDB file.
 GOODLENS_TABLES = frozenset({"meta", "runs", "steps", "events", "dirty", "step_summaries",
@@ -206,6 +210,8 @@ class Store(SqlReader):
         """
         if self.read_only:
             raise RuntimeError("store opened read-only")
+        import pyarrow as pa
+
         g = _Group(self._con, self._marks.pending())
         con = self._con
         con.execute("BEGIN TRANSACTION")
@@ -302,6 +308,12 @@ class Store(SqlReader):
         return self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0] > 0
 
 
+def open_file(spec: str | Path, *, read_only: bool = False, **kw: Any) -> Store:
+    """The DuckDB store ``spec`` names: a path, ``duckdb:PATH`` also accepted (the Parquet
+    dataset's ``parquet:DIR`` is :func:`goodlens.storage.parquet.open_store`'s)."""
+    return Store(str(spec).removeprefix("duckdb:"), read_only=read_only, **kw)
+
+
 def _connect(path: str, read_only: bool, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
     """A connection to the DuckDB file at ``path``, or an error saying in one line why not."""
     file = Path(path)
@@ -361,11 +373,15 @@ class _Group:
 
     def add(self, table: str, run_id: str, t: pa.Table) -> None:
         """Gather rows of ``table`` for the group's single INSERT."""
+        import pyarrow as pa
+
         self.rows[table].append(t.add_column(0, "run_id", pa.array([run_id] * t.num_rows,
                                                                    pa.string())))
 
     def flush(self) -> None:
         """Insert the gathered rows (one statement per table)."""
+        import pyarrow as pa
+
         for name, cols in (("steps", STEP_NAMES), ("events", EVENT_NAMES)):
             pending = self.rows[name]
             if not pending:
