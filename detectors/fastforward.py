@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from goodlens.detectors.scoring import LEARN_EVERY, Block, Units, capped_scores
+from goodlens.detectors.scoring import LEARN_EVERY, Block, Units, _clip, capped_scores
 
 #: :class:`~goodlens.detectors.stragglers.StragglerDetector` (not imported: it imports this)
 StragglerDetector = Any
@@ -55,14 +55,14 @@ def fast_forward(det: StragglerDetector, blk: Block, j0: int, steps: Sequence[in
     res = blk.res[j0:j0 + rows]
     z, k = capped_scores(res, sc_rows, cfg.drift_k_sigmas, det._k_floor, cfg.step_cap)
     cu, peaks, top, rise = _cusums(u, z, cfg.cusum_cap * cfg.threshold_h)
-    contrib = np.empty((rows + 1, 4, n_units))
-    contrib[0] = u.totals
-    contrib[1:, 0] = blk.rel[j0:j0 + rows]
-    contrib[1:, 1] = 1.0
-    np.greater(res, k, out=contrib[1:, 2])
-    contrib[1:, 3] = blk.wait[j0:j0 + rows]
-    tot = contrib   # summed in place: tot[j], the totals before row j (np.cumsum over the
-    for j in range(1, rows + 1):   # first axis adds in the same order, but ~20x slower)
+    tot = _buffer(det, rows + 1, n_units)
+    tot[0] = u.totals
+    tot[1:, 0] = blk.rel[j0:j0 + rows]
+    tot[1:, 1] = 1.0
+    np.greater(res, k, out=tot[1:, 2])
+    tot[1:, 3] = blk.wait[j0:j0 + rows]
+    # summed in place: tot[j], the totals before row j (np.cumsum over the first axis adds
+    for j in range(1, rows + 1):   # in the same order, but ~20x slower)
         np.add(tot[j - 1], tot[j], out=tot[j])
     e = _first_event(det, cu, tot, top, rise, opens)
     if e == 0:   # nothing done: put the noise scales' state back
@@ -98,6 +98,16 @@ def fast_forward(det: StragglerDetector, blk: Block, j0: int, steps: Sequence[in
     return e
 
 
+def _buffer(det: StragglerDetector, rows: int, n_units: int) -> np.ndarray:
+    """rows x 4 x units of scratch for the running totals, kept by the detector (nothing
+    holds a view of it after a call: the state takes copies); a fresh 5 MB each call was
+    page-faulted in again."""
+    buf = getattr(det, "_ff_totals", None)
+    if buf is None or len(buf) < rows or buf.shape[2] != n_units:
+        buf = det._ff_totals = np.empty((max(rows, _MAX_ROWS + 1), 4, n_units))
+    return buf[:rows]
+
+
 def _scales(det: StragglerDetector, blk: Block, j0: int, rows: int
             ) -> tuple[list[list[float]], list[tuple], np.ndarray]:
     """The noise scales of rows j0.. (as :meth:`StragglerDetector._advance` computes them):
@@ -106,16 +116,20 @@ def _scales(det: StragglerDetector, blk: Block, j0: int, rows: int
     cfg, u = det.config, det.units
     levels = np.array([_levels(det, blk, j0 + j) for j in range(rows)])
     scales = [list(x) for x in levels[:, 3:]]
-    lv = levels[:, :3].take(det._level, axis=1)
-    s = np.empty_like(lv)
+    s = np.empty((rows, len(u.s)))
+    for lv, a, b in det._level_cols:   # (units grouped by level: no gather)
+        s[:, a:b] = levels[:, lv:lv + 1]
     snaps = []
+    lo = 0   # rows lo..j share the own scales: one maximum for them all
     for j in range(rows):
-        np.maximum(lv[j], u.own, out=s[j])
         u.ticks += 1
         if u.ticks % LEARN_EVERY and u.ticks > cfg.own_min_steps:
             continue
+        np.maximum(s[lo:j + 1], u.own, out=s[lo:j + 1])
+        lo = j + 1
         snaps.append((j, u.mean, u.dev, u.nobs, u.own))
         u.learn(blk.res[j0 + j], None, cfg.own_alpha, cfg.own_min_steps, s[j])
+    np.maximum(s[lo:], u.own, out=s[lo:])
     return scales, snaps, s
 
 
@@ -127,23 +141,24 @@ def _levels(det: StragglerDetector, blk: Block, j: int) -> list[float]:
 def _cusums(u: Units, z: np.ndarray, cap: float
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rows of both CUSUMs, of the peak after each row, whether the row is at its
-    excursion's peak, and whether each CUSUM's excursion begins at the row."""
+    excursion's peak, and whether each CUSUM's excursion begins at the row. (Three calls a
+    row: ``clip`` is the streaming path's max then min, value for value, no NaN here.)"""
     rows, n = z.shape
     cu = np.empty((rows, 2, n))
     prev = u.cusum
     for j in range(rows):
         new = cu[j]
         np.add(prev, z[j], out=new)
-        new[1] -= 1.0
-        np.maximum(new, 0.0, out=new)
-        np.minimum(new, cap, out=new)
+        hi = new[1]
+        np.subtract(hi, 1.0, out=hi)
+        _clip(new, 0.0, cap, out=new)
         prev = new
     on = cu > 0
     rise = np.empty_like(on)
     np.equal(u.cusum, 0, out=rise[0])
     np.equal(cu[:-1], 0, out=rise[1:])
     rise &= on
-    keep = ~rise[:, 0]
+    keep = np.logical_not(rise[:, 0]).astype(float)   # (1.0 or 0.0: the same product)
     peaks = np.empty((rows, n))
     top = np.empty((rows, n), bool)
     peak = u.peak
@@ -159,11 +174,10 @@ def _cusums(u: Units, z: np.ndarray, cap: float
 
 def _last(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(units with a True row, the last such row of each)."""
-    idx = mask.any(axis=0).nonzero()[0]
-    if not len(idx):
-        return idx, idx
-    sub = mask[::-1, idx]
-    return idx, len(mask) - 1 - sub.argmax(axis=0)
+    at = np.arange(1, len(mask) + 1, dtype=np.int16 if len(mask) < 1 << 15 else np.int64)
+    last = (mask * at[:, None]).max(axis=0, initial=0)   # (row + 1 where True, else 0)
+    idx = last.nonzero()[0]
+    return idx, last[idx].astype(np.int64) - 1
 
 
 def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: np.ndarray,
@@ -172,14 +186,28 @@ def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: n
     set moves, a subject not flagged is over the threshold, a flagged one is back to 0, or an
     open finding's estimate moved enough (or its action changed) to be reported."""
     cfg, u = det.config, det.units
-    s = cu[:, 0]
-    hot = s > cfg.suspect_fraction * cfg.threshold_h
-    ev = ((hot | u.flagged) != det._sus).any(axis=1)
+    s, rows = cu[:, 0], len(cu)
+    # per unit: one neither flagged nor suspect moves the set when hot (over the threshold
+    # implies hot: the threshold's share is <= 1); a suspect one not flagged when no longer
+    # hot or over the threshold; a flagged one not suspect at every row
+    thr = cfg.suspect_fraction * cfg.threshold_h
+    hot = s > thr
+    special = u.flagged | det._sus
+    if special.any():
+        sp = special.nonzero()[0]
+        hot[:, sp] = False
+        ev = hot.any(axis=1)
+        sus = (det._sus & ~u.flagged).nonzero()[0]
+        if len(sus):
+            ss = s[:, sus]
+            ev |= ((ss <= thr) | (ss > cfg.threshold_h)).any(axis=1)
+        if (u.flagged & ~det._sus).any():
+            ev[:] = True
+    else:
+        ev = hot.any(axis=1)
     fl = u.flagged.nonzero()[0]
-    ev |= ((s > cfg.threshold_h) & ~u.flagged).any(axis=1)
     if len(fl):
         ev |= (s[:, fl] == 0).any(axis=1)
-    rows = len(s)
     at = np.arange(rows)
     for i, o in opens:
         rb = np.maximum.accumulate(np.where(rise[:, 0, i], at, -1))

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goodlens.detectors.topology import Layout, group_median, row_median
+from goodlens.detectors.topology import _PARTITION_MEDIAN, Layout, group_median, row_median
 
+#: ``np.clip``'s ufunc, without the wrapper's per-call cost.
+_clip = getattr(getattr(np, "_core", None), "umath", np).clip
 _MAD_TO_SIGMA = 1.4826
 _MEANDEV_TO_SIGMA = 1.2533   # sigma of a normal is sqrt(pi / 2) x its mean absolute deviation
 #: A subject's own noise scale learns from every 4th step after the first ``own_min_steps``
@@ -71,6 +73,8 @@ class Excluded:
 
     keep: np.ndarray | None
     """Ranks in the reference (None: every rank)."""
+    drop: np.ndarray
+    """The ranks left out of it."""
     quiet: np.ndarray
     """Per unit: whether its spread measures the noise (no suspect)."""
     cols: list[np.ndarray | None]
@@ -86,14 +90,13 @@ def capped_scores(res: np.ndarray, scale: np.ndarray, k_sigmas: float, k_floor: 
     np.maximum(k, k_floor, out=k)
     z = res - k
     z /= scale
-    np.maximum(z, -cap, out=z)
-    np.minimum(z, cap, out=z)
+    _clip(z, -cap, cap, out=z)   # (max then min: no NaN, the same values)
     return z, k
 
 
 def excluded(lay: Layout, excl: np.ndarray, quiet: np.ndarray) -> Excluded:
     """An :class:`Excluded` from ``excl`` (ranks left out of the reference) and ``quiet``."""
-    return Excluded(np.flatnonzero(~excl) if excl.any() else None, quiet,
+    return Excluded(np.flatnonzero(~excl) if excl.any() else None, np.flatnonzero(excl), quiet,
                     [_spread_cols(lay, quiet, lv) for lv in range(3)])
 
 
@@ -124,7 +127,7 @@ def prepare(lay: Layout, ready: np.ndarray, ex: Excluded, min_ranks: int) -> Blo
     else:
         nvalid = valid.sum(axis=1)
         x[~valid] = np.nan
-    ref = _reference(x, complete, ex.keep, min_ranks)
+    ref = _reference(x, complete, ex, min_ranks)
     t = x - ref[:, None]
     res, base = _residuals(lay, t, ref)
     have = np.isfinite(res)
@@ -140,20 +143,21 @@ def prepare(lay: Layout, ready: np.ndarray, ex: Excluded, min_ranks: int) -> Blo
     if not complete:   # (a parent with no value: its time is the reference's)
         base = np.where(np.isfinite(base), base, np.exp(ref)[:, None])
     exc = np.expm1(r0)
-    rel = np.minimum(exc, 1.0)
-    np.maximum(rel, -0.5, out=rel)
+    rel = _clip(exc, -0.5, 1.0)   # (min then max: no NaN, the same values)
     np.maximum(exc, 0.0, out=exc)
-    exc *= base.astype(float)
+    exc *= base   # (a float32 base is cast exactly)
     return Block(nvalid >= min_ranks, ref.astype(float), r0, None if every else have,
                  rel, exc, spread)
 
 
-def _reference(x: np.ndarray, complete: bool, keep: np.ndarray | None, min_ranks: int
-               ) -> np.ndarray:
+def _reference(x: np.ndarray, complete: bool, ex: Excluded, min_ranks: int) -> np.ndarray:
     """Per row, the median log time of the ranks kept (all valid ranks when too few are
     left)."""
+    keep = ex.keep
     if keep is None:
         return row_median(x)
+    if complete and len(keep) >= max(min_ranks, _PARTITION_MEDIAN):
+        return _median_kept(x, ex.drop)
     kept = x.take(keep, axis=1)
     ref = row_median(kept)
     few = np.isfinite(kept).sum(axis=1) < min_ranks if not complete else \
@@ -161,6 +165,20 @@ def _reference(x: np.ndarray, complete: bool, keep: np.ndarray | None, min_ranks
     if few.any():
         ref[few] = row_median(x[few])
     return ref
+
+
+def _median_kept(x: np.ndarray, drop: np.ndarray) -> np.ndarray:
+    """:func:`row_median` of the columns of ``x`` (finite) not in ``drop``, by partitioning
+    (they are at least ``_PARTITION_MEDIAN``) without gathering them: the dropped ones set
+    to -inf are the m smallest, so the kept ones' order statistic k is the row's m + k (the
+    same values, and the same mean of the middle two)."""
+    a = x.copy()
+    a[:, drop] = -np.inf
+    m, w = len(drop), x.shape[1] - len(drop)
+    h = m + w // 2
+    a.partition(h, axis=-1)
+    hi = a[:, h]
+    return hi if w % 2 else 0.5 * (a[:, :h].max(axis=-1) + hi)
 
 
 def _residuals(lay: Layout, t: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -294,8 +312,11 @@ class Units:
     def learn(self, res: np.ndarray, have: np.ndarray | None, alpha: float, settle: int,
               s: np.ndarray) -> None:
         """One step of the own scales' EWMAs (new arrays: a caller may keep the old ones)."""
-        w = 1.0 / (self.nobs + 1)
-        np.maximum(w, alpha * LEARN_EVERY, out=w)
+        least = float(self.nobs.min()) if len(self.nobs) else 0.0
+        w = alpha * LEARN_EVERY
+        if 1.0 / (least + 1) > w:   # (else every unit's weight is the floor: one scalar)
+            w = 1.0 / (self.nobs + 1)
+            np.maximum(w, alpha * LEARN_EVERY, out=w)
         dif = res - self.mean
         d = np.abs(dif)
         np.minimum(d, 3.0 * s, out=d)
@@ -313,15 +334,15 @@ class Units:
             keep = np.flatnonzero(self.flagged | ~have)
         if keep is not None:
             mean[keep], d[keep] = self.mean[keep], self.dev[keep]
-            learned = np.ones(len(mean))
-            learned[keep] = 0.0
-            self.nobs = self.nobs + learned
+            nobs = self.nobs + 1.0   # (the kept ones' own: the same as adding 0.0)
+            nobs[keep] = self.nobs[keep]
+            self.nobs = nobs
         else:
             self.nobs = self.nobs + 1.0
         self.mean, self.dev = mean, d
-        settled = self.nobs >= settle
-        self.own = _MEANDEV_TO_SIGMA * d if settled.all() else \
-            np.where(settled, _MEANDEV_TO_SIGMA * d, 0.0)
+        settled = least >= settle or bool((self.nobs >= settle).all())
+        self.own = _MEANDEV_TO_SIGMA * d if settled else \
+            np.where(self.nobs >= settle, _MEANDEV_TO_SIGMA * d, 0.0)
 
     def step(self, z: np.ndarray, res: np.ndarray, k: np.ndarray, blk: Block, j: int,
              step: int, cap: float) -> None:

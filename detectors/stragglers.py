@@ -208,6 +208,9 @@ class StragglerDetector:
             1.0, float(np.median(lay.host_size)) if lay.n_hosts else 1.0,
             float(np.median(lay.sw_size)) if lay.n_sw else 1.0)]
         self._bounds = (n_ranks, n_ranks + lay.n_hosts)
+        # (level, first unit, end) of each level present: units are grouped by level
+        self._level_cols = [(lv, a, b) for lv, (a, b) in enumerate(itertools.pairwise(
+            (0, *self._bounds, self._n_units))) if b > a]
         self._level_buf = np.empty(self._n_units)
         self._k_floor = float(np.log1p(self.config.drift_k))
         self.attempt: int | None = None
@@ -497,7 +500,7 @@ class StragglerDetector:
 
 
 def _ewma(old: float, new: float, alpha: float = 0.1) -> float:
-    return new if np.isnan(old) else (1 - alpha) * old + alpha * new
+    return new if math.isnan(old) else (1 - alpha) * old + alpha * new
 
 
 def ready_column(steps: pd.DataFrame) -> pd.Series:
