@@ -39,7 +39,7 @@ def fast_forward(det: StragglerDetector, blk: Block, j0: int, steps: Sequence[in
     ``j0`` must go the streaming way)."""
     u = det.units
     n_units = len(u.s)
-    rows = min(len(blk.ref) - j0, _MAX_ROWS, max(1, _MAX_CELLS // n_units))
+    rows = min(len(blk.ref) - j0, _max_rows(n_units))
     if blk.have is not None or rows < 2:
         return 0
     sc = blk.scored[j0:j0 + rows]
@@ -98,13 +98,19 @@ def fast_forward(det: StragglerDetector, blk: Block, j0: int, steps: Sequence[in
     return e
 
 
+def _max_rows(n_units: int) -> int:
+    """The most rows one call advances over ``n_units`` units."""
+    return min(_MAX_ROWS, max(1, _MAX_CELLS // n_units))
+
+
 def _buffer(det: StragglerDetector, rows: int, n_units: int) -> np.ndarray:
     """rows x 4 x units of scratch for the running totals, kept by the detector (nothing
-    holds a view of it after a call: the state takes copies); a fresh 5 MB each call was
+    holds a view of it after a call: the state takes copies) and sized for the most rows a
+    call can take (<= ``_MAX_CELLS`` cells plus one row); a fresh one each call was
     page-faulted in again."""
-    buf = getattr(det, "_ff_totals", None)
+    buf = det._ff_totals
     if buf is None or len(buf) < rows or buf.shape[2] != n_units:
-        buf = det._ff_totals = np.empty((max(rows, _MAX_ROWS + 1), 4, n_units))
+        buf = det._ff_totals = np.empty((_max_rows(n_units) + 1, 4, n_units))
     return buf[:rows]
 
 

@@ -212,6 +212,7 @@ class StragglerDetector:
         self._level_cols = [(lv, a, b) for lv, (a, b) in enumerate(itertools.pairwise(
             (0, *self._bounds, self._n_units))) if b > a]
         self._level_buf = np.empty(self._n_units)
+        self._ff_totals: np.ndarray | None = None   # the fast path's scratch (fastforward)
         self._k_floor = float(np.log1p(self.config.drift_k))
         self.attempt: int | None = None
         self._open: dict[int, _Open] = {}
