@@ -222,7 +222,7 @@ def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: n
         p = np.where(rp >= 0, tot[np.maximum(rp, 0) + 1, :2, i].T, u.at_peak[:, i, None])
         slow = (p[0] - b[0]) / np.maximum(p[1] - b[1], 1.0)
         lasted = tot[1:, 1, i] - b[1]
-        evict = (slow >= cfg.evict_min_slowdown) & (lasted >= cfg.evict_min_steps)
+        evict = (slow >= cfg.evict_floor(o.action)) & (lasted >= cfg.evict_min_steps)
         moved = np.abs(slow - o.slow) >= cfg.update_change * max(abs(o.slow), cfg.drift_k)
         due = det.updates + at + 1 - o.emitted_at >= cfg.update_every
         ev |= due & (moved | (evict != (o.action == "evict")))

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goodlens.detectors.topology import _PARTITION_MEDIAN, Layout, group_median, row_median
+from goodlens.detectors.topology import (
+    _PARTITION_MEDIAN,
+    Layout,
+    group_median_loo,
+    row_median,
+)
 
 #: ``np.clip``'s ufunc, without the wrapper's per-call cost.
 _clip = getattr(getattr(np, "_core", None), "umath", np).clip
@@ -48,11 +53,13 @@ class Block:
     have: np.ndarray | None
     """Rows x units: whether the unit was scored (None: every unit of every row)."""
     rel: np.ndarray
-    """Rows x units: each unit's relative excess, exp(res) - 1 clipped to [-0.5, 1] (the
-    running totals' term, prepared for the block at once)."""
+    """Rows x units: each unit's relative excess over its siblings *without itself* (the
+    median of the others: unbiased where a median of a few moves with the unit), exp(.) - 1
+    clipped to [-0.5, 1] (the running totals' term, prepared for the block at once; the
+    slowdown estimate's). The CUSUM scores ``res``, whose noise is lower."""
     wait: np.ndarray
-    """Rows x units: seconds of wait the unit's excess cost (its positive relative excess
-    times its parent's time)."""
+    """Rows x units: seconds of wait the unit's excess cost (its positive relative excess,
+    as in ``rel``, times its parent's time)."""
     spread: np.ndarray
     """Rows x 3: the robust spread of the rank, host and switch residuals across the quiet
     units (NaN where fewer than 8 units: the detector then leans on the level below)."""
@@ -129,7 +136,7 @@ def prepare(lay: Layout, ready: np.ndarray, ex: Excluded, min_ranks: int) -> Blo
         x[~valid] = np.nan
     ref = _reference(x, complete, ex, min_ranks)
     t = x - ref[:, None]
-    res, base = _residuals(lay, t, ref)
+    res, base, shift = _residuals(lay, t, ref)
     have = np.isfinite(res)
     every = bool(have.all())
     if every:
@@ -142,7 +149,11 @@ def prepare(lay: Layout, ready: np.ndarray, ex: Excluded, min_ranks: int) -> Blo
             for i in range(len(res))])
     if not complete:   # (a parent with no value: its time is the reference's)
         base = np.where(np.isfinite(base), base, np.exp(ref)[:, None])
-    exc = np.expm1(r0)
+    if shift is None:
+        exc = np.expm1(r0)
+    else:
+        exc = np.add(r0, shift)
+        np.expm1(exc, out=exc)
     rel = _clip(exc, -0.5, 1.0)   # (min then max: no NaN, the same values)
     np.maximum(exc, 0.0, out=exc)
     exc *= base   # (a float32 base is cast exactly)
@@ -181,34 +192,44 @@ def _median_kept(x: np.ndarray, drop: np.ndarray) -> np.ndarray:
     return hi if w % 2 else 0.5 * (a[:, :h].max(axis=-1) + hi)
 
 
-def _residuals(lay: Layout, t: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _residuals(lay: Layout, t: np.ndarray, ref: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Rows x units: each unit's log excess over its siblings' median one level up (NaN
-    where the unit is not scored), and the seconds one unit of relative excess costs."""
+    where the unit is not scored), the seconds one unit of relative excess costs, and what
+    to add to the first for the excess over the siblings' median without the unit itself
+    (None: no topology, nothing to add)."""
     rows, n = t.shape
     if lay.host is None:
-        return t, np.broadcast_to(np.exp(ref)[:, None], t.shape)
-    hm = group_median(t, lay.host_members, lay.host_full, lay.host_contig)   # rows x hosts
+        return t, np.broadcast_to(np.exp(ref)[:, None], t.shape), None
+    hm, r_shift = group_median_loo(t, lay.host_members, lay.host_full, lay.host_contig)
     nh, nw = lay.n_hosts, lay.n_sw
     if lay.sw is not None:
-        sm = group_median(hm, lay.sw_members, lay.sw_full, lay.sw_contig)   # rows x switches
+        sm, h_shift = group_median_loo(hm, lay.sw_members, lay.sw_full, lay.sw_contig)
         if lay.sw_all_split:
             parent_h, sw_res = sm.take(lay.sw, axis=1), sm
         else:
             parent_h = np.where(lay.sw_split[lay.sw], sm[:, lay.sw], np.float32(0))
             sw_res = np.where(lay.sw_split, sm, np.float32(np.nan))
+            h_shift = np.where(lay.sw_split[lay.sw], h_shift, np.float32(0))
     else:
         parent_h, sw_res = np.zeros((rows, nh), t.dtype), np.zeros((rows, 0), t.dtype)
+        h_shift = np.zeros((rows, nh), t.dtype)
     if lay.host_all_split:
         host_res = hm - parent_h
         parent_r = hm.take(lay.host, axis=1)
     else:
         host_res = np.where(lay.host_split, hm - parent_h, np.float32(np.nan))
         parent_r = np.where(lay.host_split[lay.host], hm[:, lay.host], parent_h[:, lay.host])
+        r_shift = np.where(lay.host_split[lay.host], r_shift, np.float32(0))
     dt = np.result_type(t, parent_r, host_res, sw_res)
     res = np.empty((rows, n + nh + nw), dt)
     np.subtract(t, parent_r, out=res[:, :n])
     res[:, n:n + nh] = host_res
     res[:, n + nh:] = sw_res
+    shift = np.empty((rows, n + nh + nw), dt)
+    shift[:, :n] = r_shift
+    shift[:, n:n + nh] = h_shift
+    shift[:, n + nh:] = 0
     up = np.empty((rows, n + nh + nw), np.result_type(parent_r, parent_h, t))
     up[:, :n] = parent_r
     up[:, n:n + nh] = parent_h
@@ -217,7 +238,7 @@ def _residuals(lay: Layout, t: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray,
     # error is up^2 / 2 of the wait, and an exp over every unit of every row is costly)
     up += 1.0
     up *= np.exp(ref)[:, None]
-    return res, up
+    return res, up, shift
 
 
 def _spreads(res: np.ndarray, cols: list[np.ndarray | None]) -> np.ndarray:

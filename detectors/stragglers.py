@@ -85,6 +85,15 @@ class StragglerConfig:
     """Recommend ``evict`` at this estimated slowdown or more (else ``watch``)..."""
     evict_min_steps: int = 20
     """...once the finding has lasted this many steps."""
+    evict_hysteresis: float = 0.2
+    """A finding recommended for eviction goes back to ``watch`` only when its estimate falls
+    under ``(1 - evict_hysteresis) x evict_min_slowdown``: an estimate converging at the
+    threshold (a rank 5% slow) does not flap between ``evict`` and ``watch`` in updates."""
+
+    def evict_floor(self, action: str) -> float:
+        """The estimate a finding whose action is ``action`` needs to be (or stay) ``evict``."""
+        return self.evict_min_slowdown * ((1.0 - self.evict_hysteresis) if action == "evict"
+                                          else 1.0)
     update_every: int = 10
     """Fewest steps between two updates of one finding."""
     update_change: float = 0.1
@@ -100,7 +109,7 @@ class StragglerConfig:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and np.isfinite(v) and v > 0):
                 raise ValueError(f"StragglerConfig.{name} must be > 0, got {v!r}")
-        for name in ("drift_k", "drift_k_sigmas", "evict_min_slowdown"):
+        for name in ("drift_k", "drift_k_sigmas", "evict_min_slowdown", "evict_hysteresis"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and np.isfinite(v) and v >= 0):
                 raise ValueError(f"StragglerConfig.{name} must be >= 0, got {v!r}")
@@ -109,7 +118,7 @@ class StragglerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"StragglerConfig.{name} must be an int >= 0, got {v!r}")
-        for name in ("scale_alpha", "own_alpha", "suspect_fraction"):
+        for name in ("scale_alpha", "own_alpha", "suspect_fraction", "evict_hysteresis"):
             if not getattr(self, name) <= 1:
                 raise ValueError(f"StragglerConfig.{name} must be <= 1")
         if self.cusum_cap <= 1:
@@ -472,7 +481,7 @@ class StragglerDetector:
         slow = u.slowdown(m)
         lasted = float(u.c_cnt[i] - u.b_cnt[i]) if o.members is None else \
             float(np.median(u.cnt(m)))
-        return slow, ("evict" if slow >= cfg.evict_min_slowdown
+        return slow, ("evict" if slow >= cfg.evict_floor(o.action)
                       and lasted >= cfg.evict_min_steps else "watch")
 
     def _finding(self, i: int, step: int, attempt: int | None, o: _Open) -> Finding:

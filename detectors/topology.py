@@ -199,13 +199,14 @@ def _oddeven_pairs(n: int) -> list[tuple[int, int]]:
 _NET_CHUNK = 4096
 
 
-def _network_median(g: np.ndarray) -> np.ndarray:
+def _network_median(g: np.ndarray, half: np.ndarray | None = None) -> np.ndarray:
     """Median of each row of ``g`` (groups x 2h, NaN-free, h <= 16), equal to
     :func:`row_median`'s: each half sorted by a sorting network run on every group at once,
     then the two middle values of the whole from the halves (Batcher's bitonic split: with
     both halves ascending, min(a_i, b_{h-1-i}) are the h smallest, their max the h-th, and
     the min of the max(a_i, b_{h-1-i}) the (h+1)-th). A few dozen vector operations instead
-    of a sort call per group."""
+    of a sort call per group. ``half`` (rows,), when given, receives half the gap between
+    the two middle values (what one member's leaving moves the median by)."""
     rows, w = g.shape
     h = w // 2
     p2 = 1 << max(h - 1, 0).bit_length()
@@ -227,6 +228,9 @@ def _network_median(g: np.ndarray) -> np.ndarray:
         a = np.stack(v[:h])          # h x 2 x k, ascending along the first axis
         m_lo = np.minimum(a[:, 0], a[::-1, 1]).max(axis=0)
         m_hi = np.maximum(a[:, 0], a[::-1, 1]).min(axis=0)
+        if half is not None:
+            np.subtract(m_hi, m_lo, out=half[lo0:lo0 + k])
+            half[lo0:lo0 + k] *= 0.5
         m_lo += m_hi
         np.multiply(m_lo, 0.5, out=out[lo0:lo0 + k])
     return out
@@ -237,15 +241,78 @@ def group_median(values: np.ndarray, members: np.ndarray, full: bool,
     """Per group, the median of ``values`` (its last axis) over the group's members (-1
     padding and NaN ignored; NaN where a group has no value): ``(..., n) -> (..., groups)``.
     ``contiguous``: group g is members ``g*w .. g*w + w - 1`` (no gather needed)."""
+    return _group_median(values, members, full, contiguous, False)[0]
+
+
+def group_median_loo(values: np.ndarray, members: np.ndarray, full: bool,
+                     contiguous: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`group_median` and, per member (``values``' shape), how far the median of the
+    group's *other* members lies under the group's median, so that a member's excess over
+    its siblings without itself is ``(x - median) + shift`` (0 where the member has no value
+    or no sibling). A median that includes the member moves with it: a rank 2% slow among 8
+    with 2-3% noise reads ~1.8% over its host's median, and ~2.0% over the other seven's."""
+    med, shift = _group_median(values, members, full, contiguous, True)
+    return med, shift
+
+
+def _group_median(values: np.ndarray, members: np.ndarray, full: bool, contiguous: bool,
+                  loo: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    lead, n_groups = values.shape[:-1], members.shape[0]
     if full:
         w = members.shape[1]
         if w % 2 == 0 and 2 <= w <= 32 and not np.isnan(values).any():
-            g = values if contiguous else values[..., members]
-            lead = values.shape[:-1]
-            return _network_median(g.reshape(-1, w)).reshape(*lead, members.shape[0])
-        return row_median(values[..., members])
-    g = np.where(members >= 0, values[..., np.maximum(members, 0)], np.nan)
-    return row_median(g)
+            g = (values if contiguous else values[..., members]).reshape(-1, w)
+            half = np.empty(len(g), g.dtype) if loo else None
+            med = _network_median(g, half)
+            if not loo:
+                return med.reshape(*lead, n_groups), None
+            # an even group: a member over the median leaves the lower middle value as the
+            # others' median (half the gap under it), one under it the upper one
+            d = g - med[:, None]
+            np.copysign(half[:, None], d, out=d)
+            return med.reshape(*lead, n_groups), _to_members(d, values, members, contiguous)
+        g = values[..., members]
+    else:
+        g = np.where(members >= 0, values[..., np.maximum(members, 0)], np.nan)
+    med = row_median(g)
+    return med, (_loo_shift(g, med, values, members) if loo else None)
+
+
+def _loo_shift(g: np.ndarray, med: np.ndarray, values: np.ndarray, members: np.ndarray
+               ) -> np.ndarray:
+    """:func:`group_median_loo`'s shift for any groups (``g``: ``(..., groups, w)`` member
+    values, NaN for padding or no value): the others' median from the group's sorted values,
+    skipping the member's own place (ties: any equal member's place gives the same)."""
+    w = g.shape[-1]
+    order = np.argsort(g, axis=-1)   # (NaN last)
+    s = np.take_along_axis(g, order, axis=-1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.broadcast_to(np.arange(w), order.shape), axis=-1)
+    valid = np.isfinite(g)
+    m = valid.sum(axis=-1, keepdims=True) - 1   # the others' count
+    q1, q2 = (m - 1) // 2, m // 2                # their middle places (one when m is odd)
+    i1 = np.clip(q1 + (q1 >= pos), 0, w - 1)
+    i2 = np.clip(q2 + (q2 >= pos), 0, w - 1)
+    others = 0.5 * (np.take_along_axis(s, i1, axis=-1) + np.take_along_axis(s, i2, axis=-1))
+    with np.errstate(invalid="ignore"):
+        d = med[..., None] - others
+    d = np.where(valid & (m >= 1), d, 0.0)
+    return _to_members(d, values, members, False)
+
+
+def _to_members(d: np.ndarray, values: np.ndarray, members: np.ndarray, contiguous: bool
+                ) -> np.ndarray:
+    """Per-member values laid out as groups x slots back in ``values``' member order (0 for
+    a value no group holds)."""
+    lead = values.shape[:-1]
+    if contiguous:
+        return d.reshape(*lead, values.shape[-1])
+    out = np.zeros(values.shape, np.result_type(d, values))
+    flat = d.reshape(*lead, -1)
+    slot = members.ravel()
+    keep = slot >= 0
+    out[..., slot[keep]] = flat[..., np.flatnonzero(keep)]
+    return out
 
 
 def _contiguous(members: np.ndarray) -> bool:
