@@ -140,23 +140,22 @@ def prepare(lay: Layout, ready: np.ndarray, ex: Excluded, min_ranks: int) -> Blo
     have = np.isfinite(res)
     every = bool(have.all())
     if every:
-        r0 = res.astype(float)
+        rz = res
         spread = _spreads(res, ex.cols)
     else:   # units missing on some rows: each row's spread over its own scored units
-        r0 = np.where(have, res, 0.0).astype(float)
+        rz = np.where(have, res, np.float32(0))
         spread = np.stack([_spreads(res[i:i + 1], [
             _spread_cols(lay, ex.quiet & have[i], lv) for lv in range(3)])[0]
             for i in range(len(res))])
+    r0 = rz.astype(float)
     if not complete:   # (a parent with no value: its time is the reference's)
         base = np.where(np.isfinite(base), base, np.exp(ref)[:, None])
-    if shift is None:
-        exc = np.expm1(r0)
-    else:
-        exc = np.add(r0, shift)
-        np.expm1(exc, out=exc)
+    # the running totals' terms in res's precision (float32: expm1's SIMD loop; to ~1e-7 of
+    # a few percent, and the totals add them in float64)
+    exc = np.expm1(rz) if shift is None else np.expm1(np.add(rz, shift, out=shift), out=shift)
     rel = _clip(exc, -0.5, 1.0)   # (min then max: no NaN, the same values)
     np.maximum(exc, 0.0, out=exc)
-    exc *= base   # (a float32 base is cast exactly)
+    exc *= base
     return Block(nvalid >= min_ranks, ref.astype(float), r0, None if every else have,
                  rel, exc, spread)
 
