@@ -47,6 +47,10 @@ Targets (from the issue) are printed with PASS/MISS; the exit code is 0.
     .venv/bin/python bench/detector_eval.py [--ranks 256,2048] [--seeds 3] [--steps 1200]
         [--healthy-rank-steps 1e8] [--healthy-steps 20000] [--window 100]
         [--cost-ranks 16384] [--cost-steps 300] [--jobs 2] [--quick]
+        [--cases rank2,healthy] [--set threshold_h=20 --set drift_k_sigmas=0.3]
+
+``--set`` overrides a ``StragglerConfig`` field for every run (the trade-off between finding
+weak stragglers sooner and false findings is measured that way, with the same traces).
 """
 
 from __future__ import annotations
@@ -186,12 +190,14 @@ class Tracker:
         return false
 
 
-def run_trace(case: str, n: int, steps: int, seed: int, window: int) -> TraceResult:
-    """Generate one trace in chunks and feed it to a fresh detector step by step."""
+def run_trace(case: str, n: int, steps: int, seed: int, window: int,
+              overrides: tuple = ()) -> TraceResult:
+    """Generate one trace in chunks and feed it to a fresh detector step by step
+    (``overrides``: ``StragglerConfig`` fields as (name, value) pairs)."""
     t0 = time.perf_counter()
     trace = Trace(case, n, steps, seed)
     topo = Topology.from_hosts(trace.hosts, nodes_per_switch=HOSTS_PER_SWITCH)
-    det = StragglerDetector(StragglerConfig(), n, topo)
+    det = StragglerDetector(StragglerConfig(**dict(overrides)), n, topo)
     tr = Tracker(trace.truth, det, steps)
     upd = np.empty(steps, np.float32)
     chunk = max(window, (2**21 // n) // window * window)
@@ -225,8 +231,11 @@ def jobs_for(args, sizes: list[int]) -> list[tuple]:
         budget = args.healthy_rank_steps / len(sizes)
         k = max(1, round(budget / (n * args.healthy_steps)))
         length = max(1, math.ceil(budget / (n * k)))
-        specs += [("healthy", n, length, 10_000 + i, args.window) for i in range(k)]
-        specs += [(c, n, args.steps, s, args.window) for c in PLANTED for s in range(args.seeds)]
+        if "healthy" in args.cases:
+            specs += [("healthy", n, length, 10_000 + i, args.window, args.overrides)
+                      for i in range(k)]
+        specs += [(c, n, args.steps, s, args.window, args.overrides) for c in PLANTED
+                  if c in args.cases for s in range(args.seeds)]
     specs.sort(key=lambda s: -s[1] * s[2])
     return specs
 
@@ -252,11 +261,11 @@ def run_all(specs: list[tuple], jobs: int) -> list[TraceResult]:
     return out
 
 
-def cost(n: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def cost(n: int, steps: int, overrides: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
     """Seconds per ``update`` at ``n`` ranks on a rank5 trace (alone in this process): wall
     and this process's CPU time (another job on the machine moves the first, not the second)."""
     trace = Trace("rank5", n, steps, 99)
-    det = StragglerDetector(StragglerConfig(), n,
+    det = StragglerDetector(StragglerConfig(**dict(overrides)), n,
                             Topology.from_hosts(trace.hosts, nodes_per_switch=HOSTS_PER_SWITCH))
     ts, cpu = [], []
     for s0, ready, dur in trace.chunks(steps):
@@ -321,7 +330,10 @@ def planted_table(results: list[TraceResult], sizes: list[int]) -> tuple[str, di
     rows = []
     for case in PLANTED:
         for n in sizes:
-            st = case_stats([r for r in results if r.case == case and r.n == n])
+            got = [r for r in results if r.case == case and r.n == n]
+            if not got:   # (a case left out by --cases)
+                continue
+            st = case_stats(got)
             stats[(case, n)] = st
             errs = [e for e in st.errs if e is not None]
             rows.append([case, f"{n:,}", st.subjects, _fmt(st.recall),
@@ -356,8 +368,12 @@ def healthy_table(results: list[TraceResult], sizes: list[int], all_results: lis
     return table(rows, head, markdown=True), total, false_total
 
 
-def _every(stats: dict, cases: tuple, sizes: list[int], ok) -> tuple[bool, str]:
-    bad = [f"{c}@{n}" for c in cases for n in sizes if not ok(stats[(c, n)])]
+def _every(stats: dict, cases: tuple, sizes: list[int], ok) -> tuple[bool, str] | None:
+    """Whether ``ok`` holds for every case run (None: none of them was)."""
+    run = [(c, n) for c in cases for n in sizes if (c, n) in stats]
+    bad = [f"{c}@{n}" for c, n in run if not ok(stats[(c, n)])]
+    if not run:
+        return None
     return not bad, "all" if not bad else "not: " + ", ".join(bad)
 
 
@@ -365,12 +381,13 @@ def targets(stats: dict, sizes: list[int], healthy_total: int, healthy_false: in
             cost_ms: float | None, cost_ranks: int) -> str:
     rows = []
 
-    def add(name: str, cases: str, res: tuple[bool, str]) -> None:
-        rows.append([name, cases, res[1], "PASS" if res[0] else "MISS"])
+    def add(name: str, cases: str, res: tuple[bool, str] | None) -> None:
+        if res is not None:   # (None: no case of it was run)
+            rows.append([name, cases, res[1], "PASS" if res[0] else "MISS"])
 
     add("healthy with spikes: 0 false findings over >= 1e8 rank-steps", "healthy",
         (healthy_false == 0 and healthy_total >= HEALTHY_MIN,
-         f"{healthy_false} over {healthy_total:,} rank-steps"))
+         f"{healthy_false} over {healthy_total:,} rank-steps") if healthy_total else None)
 
     def big(st: CaseStats) -> bool:
         return st.recall == 1.0 and float(np.median(st.delays)) <= TARGET_DELAY
@@ -420,7 +437,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="processes running traces side by side")
     ap.add_argument("--quick", action="store_true", help="a smoke size: " + ", ".join(
         f"{k}={v}" for k, v in QUICK.items()))
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help="comma-separated cases to run (default: all, healthy included)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a StragglerConfig field for every run, e.g. threshold_h=20")
     args = ap.parse_args(argv)
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if unknown := sorted(set(args.cases) - set(CASES)):
+        ap.error(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(CASES)})")
+    args.overrides = _overrides(ap, args.set)
     for k, v in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -433,21 +458,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _overrides(ap: argparse.ArgumentParser, items: list[str]) -> tuple:
+    """``--set`` pairs as ((field, value), ...), each checked by building a config."""
+    fields = StragglerConfig.__dataclass_fields__
+    out = []
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in fields or not value:
+            ap.error(f"--set {item!r}: want FIELD=VALUE, FIELD one of {', '.join(fields)}")
+        out.append((name, int(value) if isinstance(getattr(StragglerConfig, name), int)
+                    and not isinstance(getattr(StragglerConfig, name), bool) else float(value)))
+    try:
+        StragglerConfig(**dict(out))
+    except (TypeError, ValueError) as e:
+        ap.error(f"--set: {e}")
+    return tuple(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     sizes = args.sizes
     specs = jobs_for(args, sizes)
     results = run_all(specs, args.jobs)
-    cost_s, cost_cpu = cost(args.cost_ranks, args.cost_steps) if args.cost_ranks else (None,
-                                                                                        None)
+    cost_s, cost_cpu = cost(args.cost_ranks, args.cost_steps, args.overrides) \
+        if args.cost_ranks else (None, None)
     wall = time.perf_counter() - t0
 
     planted, stats = planted_table([r for r in results if r.case != "healthy"], sizes)
     hres = [r for r in results if r.case == "healthy"]
     htable, htotal, hfalse = healthy_table(hres, sizes, results)
     notes = [f"{args.seeds} seed(s) per case and size, {args.steps} steps per trace; "
-             f"NVIDIA window {args.window} steps; detector defaults (StragglerConfig()).",
+             f"NVIDIA window {args.window} steps; detector "
+             + (f"StragglerConfig({', '.join(f'{k}={v}' for k, v in args.overrides)})"
+                if args.overrides else "defaults (StragglerConfig())") + ".",
              "recall: exact kind+id at/after onset; any: an overlapping finding; right: "
              "exact / overlapping; false and dup are counts of `new` findings over the seeds; "
              f"est err: |estimate {ESTIMATE_AFTER} steps after detection - truth| / truth.",
