@@ -89,11 +89,6 @@ class StragglerConfig:
     """A finding recommended for eviction goes back to ``watch`` only when its estimate falls
     under ``(1 - evict_hysteresis) x evict_min_slowdown``: an estimate converging at the
     threshold (a rank 5% slow) does not flap between ``evict`` and ``watch`` in updates."""
-
-    def evict_floor(self, action: str) -> float:
-        """The estimate a finding whose action is ``action`` needs to be (or stay) ``evict``."""
-        return self.evict_min_slowdown * ((1.0 - self.evict_hysteresis) if action == "evict"
-                                          else 1.0)
     update_every: int = 10
     """Fewest steps between two updates of one finding."""
     update_change: float = 0.1
@@ -128,6 +123,11 @@ class StragglerConfig:
         if self.min_group < 2:
             raise ValueError("StragglerConfig.min_group must be >= 2")
 
+    def evict_floor(self, action: str) -> float:
+        """The estimate a finding whose action is ``action`` needs to be (or stay) ``evict``."""
+        return self.evict_min_slowdown * ((1.0 - self.evict_hysteresis) if action == "evict"
+                                          else 1.0)
+
 
 @dataclass
 class Finding:
@@ -152,7 +152,8 @@ class Finding:
     wait_per_hour_s: float
     """Wait it will cost per hour of training if left alone."""
     action: str
-    """``evict`` (replace it: >= 5% and lasting) or ``watch``."""
+    """``evict`` (replace it: >= 5% and lasting; it stays so while the estimate is over 4%)
+    or ``watch``."""
     confidence: float
     """0-1, from how far the evidence is over the threshold."""
     attempt: int | None = None
