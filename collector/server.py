@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -66,6 +66,9 @@ from goodlens.storage.parquet import open_store
 from goodlens.storage.reports import SORT_KEYS
 from goodlens.storage.store import Store
 from goodlens.storage.writer import Overloaded, Writer
+
+if TYPE_CHECKING:
+    from goodlens.detectors.stragglers import StragglerConfig
 
 log = logging.getLogger("goodlens.server")
 
@@ -104,6 +107,8 @@ class ServerConfig:
     """DuckDB's memory limit (its buffer cache otherwise grows towards 80% of RAM)."""
     detect: bool = True
     """Run the straggler detector over live runs (findings as events and on /metrics)."""
+    straggler: StragglerConfig | None = None
+    """The straggler detector's settings (None: its defaults)."""
     webhook: str | None = None
     """URL that receives each straggler finding once, as a JSON POST (a launcher evicts)."""
     hang_floor_s: float = 60.0
@@ -448,7 +453,8 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
     if config.detect:
         from goodlens.collector.detection import DetectionService
         from goodlens.detectors.hangs import HangConfig
-        detection = DetectionService(store, writer, webhook=config.webhook,
+        detection = DetectionService(store, writer, config=config.straggler,
+                                     webhook=config.webhook,
                                      hang_config=HangConfig(min_timeout_s=config.hang_floor_s)
                                      ).start()
     app = create_app(store, writer, config, detection,

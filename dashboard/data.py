@@ -25,6 +25,7 @@ from goodlens.analysis.checkpoints import checkpoint_table
 from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stored_findings
 from goodlens.analysis.report import fill_goodput, run_goodput
 from goodlens.analysis.window import resolve_window, window_of
+from goodlens.detectors.stragglers import StragglerConfig
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
@@ -59,6 +60,9 @@ class DashConfig:
     live_detection: bool = False
     """A live detector runs in this process (``goodlens serve``): its stored findings are
     the answer, and no batch scan is made for runs it has not flagged."""
+    straggler: StragglerConfig | None = None
+    """The detector's settings for a batch scan (None: its defaults; ``--threshold``,
+    ``--min-slowdown`` and ``--evict-at`` of ``goodlens serve`` and ``dashboard``)."""
 
 
 class RunData:
@@ -341,7 +345,8 @@ class RunData:
             # rather than queueing behind it (a watched live run would pile them up)
             seen, fut = self._scans.get(run_id, (None, None))
             if fut is None or (seen != v and fut.done()):
-                fut = self._pool.submit(lambda: _batch_findings(self.store, run_id))
+                fut = self._pool.submit(lambda: _batch_findings(self.store, run_id,
+                                                                self.config.straggler))
                 self._scans[run_id] = (v, fut)
                 while len(self._scans) > self._max:
                     self._scans.pop(next(iter(self._scans)))
@@ -370,11 +375,12 @@ class RunData:
         return self._cached(key, lambda: what_if(cal, changes, self.config.whatif_trials))
 
 
-def _batch_findings(store: Any, run_id: str) -> list[dict[str, Any]]:
+def _batch_findings(store: Any, run_id: str, config: StragglerConfig | None = None
+                    ) -> list[dict[str, Any]]:
     """A batch detection pass as dicts; none for a run whose rank ids are too sparse to
     lay out (``goodlens detect`` says why)."""
     try:
-        return finding_dicts(detect_run(store, run_id))
+        return finding_dicts(detect_run(store, run_id, config))
     except ValueError:
         return []
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from goodlens.detectors.matrix import StepMatrix
-from goodlens.detectors.stragglers import Finding, Topology, detect_matrix
+from goodlens.detectors.stragglers import Finding, StragglerConfig, Topology, detect_matrix
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
@@ -34,11 +34,13 @@ def run_tags(info: dict[str, Any] | None) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def detect_run(source: RunReader, run_id: str) -> list[Finding]:
-    """Every finding the streaming detector reports over the stored run, each in its latest
-    state (batch pass over each rank's time to reach the collective; needs the store's raw
-    step records). The topology is where each rank ran in the latest attempt. Reads arrays
-    and rows, never a frame: ``goodlens detect`` runs without importing pandas."""
+def detect_run(source: RunReader, run_id: str, config: StragglerConfig | None = None
+               ) -> list[Finding]:
+    """Every finding the streaming detector (``config``: its defaults when None) reports over
+    the stored run, each in its latest state (batch pass over each rank's time to reach the
+    collective; needs the store's raw step records). The topology is where each rank ran in
+    the latest attempt. Reads arrays and rows, never a frame: ``goodlens detect`` runs
+    without importing pandas."""
     info = source.run_row(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
@@ -53,7 +55,7 @@ def detect_run(source: RunReader, run_id: str) -> list[Finding]:
         topology = Topology.from_run([by_rank[r] for r in range(n)], run_tags(info))
     sm = StepMatrix(np.asarray(keys["attempt"], np.int64), np.asarray(keys["step"], np.int64),
                     values, np.asarray(keys["duration_s"], float))
-    return detect_matrix(sm, topology=topology)
+    return detect_matrix(sm, config, topology)
 
 
 def stored_findings(source: RunReader, run_id: str) -> list[dict[str, Any]]:

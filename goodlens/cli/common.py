@@ -151,6 +151,39 @@ def token_options(what: str) -> Any:
     return deco
 
 
+#: The detector's sensitivity options and the StragglerConfig field each sets.
+DETECTOR_OPTIONS = {"threshold_h": "--threshold", "drift_k": "--min-slowdown",
+                    "evict_min_slowdown": "--evict-at"}
+
+
+def detector_options(f: Any) -> Any:
+    """``--threshold``, ``--min-slowdown`` and ``--evict-at``: how sure, how slow and how
+    costly a straggler must be; the command builds its config with :func:`straggler_config`."""
+    f = click.option("--evict-at", type=float, default=0.05, show_default=True,
+                     help="Estimated slowdown from which a lasting finding recommends "
+                          "`evict` (0.05: 5%; it goes back to `watch` under 80% of "
+                          "this).")(f)
+    f = click.option("--min-slowdown", type=float, default=0.01, show_default=True,
+                     help="Slowdown against the siblings ignored as no straggler (0.01: "
+                          "1%; the detector also ignores 0.4 noise units).")(f)
+    return click.option("--threshold", type=float, default=30.0, show_default=True,
+                        help="Evidence a subject needs to become a finding, in noise units "
+                             "(a one-sided CUSUM). Lower finds weak stragglers sooner and "
+                             "makes false findings likelier; docs/detectors.md has the "
+                             "measured trade-off.")(f)
+
+
+def straggler_config(threshold: float, min_slowdown: float, evict_at: float) -> Any:
+    """The ``StragglerConfig`` of :func:`detector_options`' values (a usage error naming
+    the option when one is out of range)."""
+    from goodlens.detectors.stragglers import StragglerConfig
+    try:
+        return StragglerConfig(threshold_h=threshold, drift_k=min_slowdown,
+                               evict_min_slowdown=evict_at)
+    except ValueError as exc:
+        raise click.UsageError(user_message(str(exc), DETECTOR_OPTIONS)) from None
+
+
 def read_token(token: str | None, token_file: str | None) -> str | None:
     """The token of ``--token``/``GOODLENS_TOKEN`` or ``--token-file`` (the file wins over
     the variable; both on the command line is an error)."""

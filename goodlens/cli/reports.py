@@ -13,10 +13,12 @@ import click
 from goodlens.cli.common import (
     CollectorUrl,
     StoreSpec,
+    detector_options,
     echo_json,
     get_json,
     open_store,
     read_token,
+    straggler_config,
     table,
     token_options,
 )
@@ -282,16 +284,21 @@ def report(db: str | None, url: str | None, token: str | None, token_file: str |
               help="A running collector to read the run from instead, e.g. 127.0.0.1:8470.")
 @token_options("token for --url")
 @click.option("--run", "run_id", required=True, help="Run id.")
+@detector_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def detect(db: str | None, url: str | None, token: str | None, token_file: str | None,
-           run_id: str, as_json: bool) -> None:
+           run_id: str, threshold: float, min_slowdown: float, evict_at: float,
+           as_json: bool) -> None:
     """Find persistent stragglers in a stored run: ranks, hosts or switches slower than their
     siblings (a rank than the other ranks of its host, a host than the other hosts behind its
     switch, a switch than the rest of the job), scored on each rank's time to reach the
     collective; from which step, by how much, what they cost, whether to evict them, and
     whether they are still open at the end of the run or resolved. With --url, the run is
-    read from a running collector (which holds its store file).
+    read from a running collector (which holds its store file). --threshold,
+    --min-slowdown and --evict-at tune the detector (`goodlens serve` takes the same).
     """
+    from functools import partial
+
     from goodlens.analysis.findings import (
         FINDING_COLUMNS,
         detect_run,
@@ -301,8 +308,9 @@ def detect(db: str | None, url: str | None, token: str | None, token_file: str |
     from goodlens.cli.remote import one_source, read_run_at
     one_source(db, url)
     token = read_token(token, token_file)
+    config = straggler_config(threshold, min_slowdown, evict_at)
     try:
-        found = read_run_at(db, url, token, run_id, detect_run)
+        found = read_run_at(db, url, token, run_id, partial(detect_run, config=config))
     except ValueError as exc:  # rank ids too sparse to lay out: say so, in one line
         raise click.ClickException(f"{exc}; detection needs rank ids 0..N-1") from None
     if as_json:

@@ -20,9 +20,11 @@ from goodlens.cli.common import (
     Duration,
     StoreError,
     StoreSpec,
+    detector_options,
     import_trace_file,
     open_store,
     read_token,
+    straggler_config,
     token_options,
 )
 
@@ -41,14 +43,16 @@ gpu_hour_price_option = click.option(
 
 
 def dashboard_root(token: str | None, live_detection: bool,
-                   gpu_hour_price: float | None = None) -> Any:
+                   gpu_hour_price: float | None = None, straggler: Any = None) -> Any:
     """What ``goodlens serve`` mounts at ``/``: the dashboard over the collector's store,
-    behind the collector's token."""
+    behind the collector's token (``straggler``: the detector's config, for its batch
+    passes over runs the live detector did not see)."""
     def build(store: Any) -> Any:
         from goodlens.dashboard.app import create_app
         from goodlens.dashboard.asgi import dashboard_asgi
         from goodlens.dashboard.data import DashConfig
-        config = DashConfig(live_detection=live_detection, gpu_hour_price=gpu_hour_price)
+        config = DashConfig(live_detection=live_detection, gpu_hour_price=gpu_hour_price,
+                            straggler=straggler)
         return dashboard_asgi(create_app(store, config), token)
     return build
 
@@ -119,6 +123,7 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
               help="DuckDB memory limit for the store (its cache otherwise grows with the data).")
 @click.option("--detect/--no-detect", default=True, show_default=True,
               help="Run the straggler detector over live runs.")
+@detector_options
 @click.option("--webhook", help="URL that receives each straggler finding once (JSON POST), "
                                 "e.g. a launcher that evicts.")
 @click.option("--hang-floor", type=Duration(), default="60s", show_default=True,
@@ -139,7 +144,8 @@ def serve_dashboard(db: str, host: str = "127.0.0.1", port: int = 8471, *,
 def serve(db: str, init: bool, host: str, port: int, token: str | None,
           token_file: str | None, allow_hosts: tuple[str, ...], header_timeout: float,
           body_timeout: float, max_connections: int, max_body: int, max_queue_rows: int,
-          summarize_every: float, memory_limit: str, detect: bool, webhook: str | None,
+          summarize_every: float, memory_limit: str, detect: bool, threshold: float,
+          min_slowdown: float, evict_at: float, webhook: str | None,
           hang_floor: float, metrics_retention: float, dashboard: bool,
           gpu_hour_price: float | None, loads: tuple[str, ...], log_level: str) -> None:
     """Run the collector: ingest on /v1/ingest, Prometheus on /metrics, health on /healthz,
@@ -154,13 +160,15 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
     from goodlens.storage.store import NotAStore
 
     token = read_token(token, token_file)
+    straggler = straggler_config(threshold, min_slowdown, evict_at)
     try:
         limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout,
                         max_connections=max_connections)
         config = ServerConfig(db=db, host=host, port=port, token=token,
                               max_body_bytes=max_body, max_queue_rows=max_queue_rows,
                               memory_limit=memory_limit, summarize_interval_s=summarize_every,
-                              detect=detect, webhook=webhook, hang_floor_s=hang_floor,
+                              detect=detect, straggler=straggler, webhook=webhook,
+                              hang_floor_s=hang_floor,
                               metrics_retention_s=metrics_retention,
                               allow_hosts=allow_hosts, init=init, limits=limits)
     except ValueError as exc:
@@ -184,7 +192,8 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
 
     try:
         run_server(config, ready=ready, log_level=log_level,
-                   root=dashboard_root(token, detect, gpu_hour_price) if dashboard else None)
+                   root=dashboard_root(token, detect, gpu_hour_price, straggler)
+                   if dashboard else None)
     except NotAStore as exc:
         raise StoreError(str(exc)) from None
     except RuntimeError as exc:
@@ -198,12 +207,14 @@ def serve(db: str, init: bool, host: str, port: int, token: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=8471, show_default=True, type=int, help="Port (0: any free).")
 @gpu_hour_price_option
+@detector_options
 @click.option("--log-level", default="warning", show_default=True,
               type=LOG_LEVELS)
-def dashboard(db: str, host: str, port: int, gpu_hour_price: float | None,
-              log_level: str) -> None:
+def dashboard(db: str, host: str, port: int, gpu_hour_price: float | None, threshold: float,
+              min_slowdown: float, evict_at: float, log_level: str) -> None:
     """Serve the dashboard alone over a store file: runs, where the wall-clock went, slow
-    ranks, checkpoint costs and what-if, with the run id in each page's URL.
+    ranks, checkpoint costs and what-if, with the run id in each page's URL. The detector
+    options tune the slow-ranks page's pass over runs no live collector scanned.
     """
     from goodlens.dashboard.data import DashConfig
     from goodlens.exporter.transport import is_loopback
@@ -216,8 +227,9 @@ def dashboard(db: str, host: str, port: int, gpu_hour_price: float | None,
         click.echo(f"goodlens dashboard on http://{host}:{bound}/  (db: {db}, read-only)",
                    err=True)
     try:
-        serve_dashboard(db, host, port, config=DashConfig(gpu_hour_price=gpu_hour_price),
-                        ready=ready, log_level=log_level)
+        config = DashConfig(gpu_hour_price=gpu_hour_price,
+                            straggler=straggler_config(threshold, min_slowdown, evict_at))
+        serve_dashboard(db, host, port, config=config, ready=ready, log_level=log_level)
     except click.ClickException as exc:  # the file is held by a collector, or not a store
         if "held by another process" in exc.message:
             raise click.ClickException(

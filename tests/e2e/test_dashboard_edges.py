@@ -186,7 +186,7 @@ def test_superseded_batch_scans_are_dropped(tmp_path: Path,
         store.summarize_dirty()
         calls = []
 
-        def slow_detect(source, run_id):
+        def slow_detect(source, run_id, config=None):
             calls.append(run_id)
             time.sleep(0.5)
             return []
