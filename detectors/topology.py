@@ -199,14 +199,14 @@ def _oddeven_pairs(n: int) -> list[tuple[int, int]]:
 _NET_CHUNK = 4096
 
 
-def _network_median(g: np.ndarray, half: np.ndarray | None = None) -> np.ndarray:
+def _network_median(g: np.ndarray, half: np.ndarray) -> np.ndarray:
     """Median of each row of ``g`` (groups x 2h, NaN-free, h <= 16), equal to
     :func:`row_median`'s: each half sorted by a sorting network run on every group at once,
     then the two middle values of the whole from the halves (Batcher's bitonic split: with
     both halves ascending, min(a_i, b_{h-1-i}) are the h smallest, their max the h-th, and
     the min of the max(a_i, b_{h-1-i}) the (h+1)-th). A few dozen vector operations instead
-    of a sort call per group. ``half`` (rows,), when given, receives half the gap between
-    the two middle values (what one member's leaving moves the median by)."""
+    of a sort call per group. ``half`` (rows,) receives half the gap between the two middle
+    values (what one member's leaving moves the median by)."""
     rows, w = g.shape
     h = w // 2
     p2 = 1 << max(h - 1, 0).bit_length()
@@ -228,44 +228,30 @@ def _network_median(g: np.ndarray, half: np.ndarray | None = None) -> np.ndarray
         a = np.stack(v[:h])          # h x 2 x k, ascending along the first axis
         m_lo = np.minimum(a[:, 0], a[::-1, 1]).max(axis=0)
         m_hi = np.maximum(a[:, 0], a[::-1, 1]).min(axis=0)
-        if half is not None:
-            np.subtract(m_hi, m_lo, out=half[lo0:lo0 + k])
-            half[lo0:lo0 + k] *= 0.5
+        np.subtract(m_hi, m_lo, out=half[lo0:lo0 + k])
+        half[lo0:lo0 + k] *= 0.5
         m_lo += m_hi
         np.multiply(m_lo, 0.5, out=out[lo0:lo0 + k])
     return out
 
 
-def group_median(values: np.ndarray, members: np.ndarray, full: bool,
-                 contiguous: bool = False) -> np.ndarray:
-    """Per group, the median of ``values`` (its last axis) over the group's members (-1
-    padding and NaN ignored; NaN where a group has no value): ``(..., n) -> (..., groups)``.
-    ``contiguous``: group g is members ``g*w .. g*w + w - 1`` (no gather needed)."""
-    return _group_median(values, members, full, contiguous, False)[0]
-
-
 def group_median_loo(values: np.ndarray, members: np.ndarray, full: bool,
                      contiguous: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`group_median` and, per member (``values``' shape), how far the median of the
-    group's *other* members lies under the group's median, so that a member's excess over
-    its siblings without itself is ``(x - median) + shift`` (0 where the member has no value
-    or no sibling). A median that includes the member moves with it: a rank 2% slow among 8
-    with 2-3% noise reads ~1.8% over its host's median, and ~2.0% over the other seven's."""
-    med, shift = _group_median(values, members, full, contiguous, True)
-    return med, shift
-
-
-def _group_median(values: np.ndarray, members: np.ndarray, full: bool, contiguous: bool,
-                  loo: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per group, the median of ``values`` (its last axis) over the group's members (-1
+    padding and NaN ignored; NaN where a group has no value): ``(..., n) -> (..., groups)``;
+    and, per member (``values``' shape), how far the median of the group's *other* members
+    lies under the group's median, so that a member's excess over its siblings without
+    itself is ``(x - median) + shift`` (0 where the member has no value or no sibling). A
+    median that includes the member moves with it: a rank 2% slow among 8 with 2-3% noise
+    reads ~1.8% over its host's median, and ~2.0% over the other seven's. ``contiguous``:
+    group g is members ``g*w .. g*w + w - 1`` (no gather needed)."""
     lead, n_groups = values.shape[:-1], members.shape[0]
     if full:
         w = members.shape[1]
         if w % 2 == 0 and 2 <= w <= 32 and not np.isnan(values).any():
             g = (values if contiguous else values[..., members]).reshape(-1, w)
-            half = np.empty(len(g), g.dtype) if loo else None
+            half = np.empty(len(g), g.dtype)
             med = _network_median(g, half)
-            if not loo:
-                return med.reshape(*lead, n_groups), None
             # an even group: a member over the median leaves the lower middle value as the
             # others' median (half the gap under it), one under it the upper one
             d = g - med[:, None]
@@ -275,7 +261,7 @@ def _group_median(values: np.ndarray, members: np.ndarray, full: bool, contiguou
     else:
         g = np.where(members >= 0, values[..., np.maximum(members, 0)], np.nan)
     med = row_median(g)
-    return med, (_loo_shift(g, med, values, members) if loo else None)
+    return med, _loo_shift(g, med, values, members)
 
 
 def _loo_shift(g: np.ndarray, med: np.ndarray, values: np.ndarray, members: np.ndarray
