@@ -355,6 +355,8 @@ def healthy_table(results: list[TraceResult], sizes: list[int], all_results: lis
     rows, total, false_total = [], 0, 0
     for n in sizes:
         rs = [r for r in results if r.n == n]
+        if not rs:   # (no healthy traces run: --cases)
+            continue
         rank_steps = sum(r.rank_steps for r in rs)
         false = sum(len(r.false) for r in rs)
         total, false_total = total + rank_steps, false_total + false
@@ -459,20 +461,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _overrides(ap: argparse.ArgumentParser, items: list[str]) -> tuple:
-    """``--set`` pairs as ((field, value), ...), each checked by building a config."""
-    fields = StragglerConfig.__dataclass_fields__
-    out = []
-    for item in items:
-        name, _, value = item.partition("=")
-        if name not in fields or not value:
-            ap.error(f"--set {item!r}: want FIELD=VALUE, FIELD one of {', '.join(fields)}")
-        out.append((name, int(value) if isinstance(getattr(StragglerConfig, name), int)
-                    and not isinstance(getattr(StragglerConfig, name), bool) else float(value)))
+    """``--set`` pairs as ((field, value), ...), typed by the CLI's own ``--set`` parser and
+    checked by building a config."""
+    import click
+
+    from goodlens.cli.common import overrides
     try:
-        StragglerConfig(**dict(out))
+        out = overrides(tuple(items), StragglerConfig)
+        StragglerConfig(**out)
+    except click.BadParameter as e:
+        ap.error(f"--set: {e.format_message()}")
     except (TypeError, ValueError) as e:
         ap.error(f"--set: {e}")
-    return tuple(out)
+    return tuple(out.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -500,8 +501,9 @@ def main(argv: list[str] | None = None) -> int:
                            "Planted cases: " + "; ".join(f"`{c}` {d}" for c, d in CASES.items()
                                                          if c != "healthy") + ".",
                            planted, notes))
-    print(f"\n#### Healthy traces with spikes ({htotal:,} rank-steps in total)\n")
-    print(htable)
+    if hres:   # (left out by --cases: no section)
+        print(f"\n#### Healthy traces with spikes ({htotal:,} rank-steps in total)\n")
+        print(htable)
     ex = false_examples(hres) + false_examples([r for r in results if r.case != "healthy"])
     if ex:
         print("\nFalse findings (first few):\n")
