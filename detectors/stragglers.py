@@ -171,6 +171,12 @@ class Finding:
     """The switch of a rank or host finding (when known)."""
     relative_to: str = "the rest of the job"
     """What the subject was compared with (its siblings one level up)."""
+    job_slowdown: float | None = None
+    """What the subject costs the job per step: its excess time to reach the collective (the
+    slowdown times the typical time to reach it) over the step time the job would have
+    without that excess (0.1 = steps 10% longer than without it). Smaller than ``slowdown``
+    where collectives are a real share of the step (under FSDP2 they can be most of it);
+    None before a step time is known."""
 
 
 @dataclass
@@ -498,9 +504,11 @@ class StragglerDetector:
         conf = float(np.clip(1.0 - 0.5 * cfg.threshold_h / max(score, 1e-9), 0.0, 1.0))
         host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
             None, None, "the rest of the job")
+        excess = max(slow, 0.0) * self.med_ready  # seconds a step waits on it, typically
+        job = excess / (self.step_time - excess) if self.step_time > excess else None
         return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
                        max(wait, 0.0), per_hour, action, conf, attempt, "update", o.id, step,
-                       host, sw, rel)
+                       host, sw, rel, job)
 
     def active(self) -> list[Finding]:
         """The open findings with their current estimates (status ``update``), in order of

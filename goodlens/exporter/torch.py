@@ -107,18 +107,28 @@ def attempt_end(exporter: Any, cause: str = "completed", step: int | None = None
 
 def instrument(model: Any, exporter: Any, process_group: Any = None,
                collectives: str = "auto") -> Any:
-    """Time the collectives of a ``DistributedDataParallel`` model as collective wait.
+    """Time the collectives of a ``DistributedDataParallel`` or FSDP2 (``fully_shard``)
+    model as collective wait.
 
+    FSDP2: every all-gather and reduce-scatter of every FSDP module in the tree, as the time
+    the training thread is blocked in it (:mod:`goodlens.exporter.torch_fsdp`; call after
+    ``fully_shard``; ``collectives`` other than ``off`` all mean that). DDP,
     ``collectives``: ``exposed`` (the training thread's wait at the end of ``backward()``,
     no communication hook), ``hook`` (a communication hook equivalent to DDP's default,
     timing each bucket from launch to completion; do not register another hook), ``auto``
     (``hook`` for a model on CUDA, else ``exposed``) or ``off``. Call it before the first
-    backward. Returns the model; a model that is not DDP is returned unchanged. Also emits
+    backward. Returns the model; a model that is neither is returned unchanged. Also emits
     ``attempt_start`` for this exporter if not yet done.
     """
     _ensure_attempt_start(exporter)
     if not getattr(exporter, "enabled", True):
         return model
+    if collectives not in MODES:
+        raise ValueError(f"collectives must be one of {MODES}, not {collectives!r}")
+    if collectives != "off" and not hasattr(model, "register_comm_hook"):
+        from goodlens.exporter import torch_fsdp  # FSDP2: its all-gathers and reduce-scatters
+        if torch_fsdp.attach(model, exporter):
+            return model
     attach(model, exporter, process_group, collectives)
     return model
 

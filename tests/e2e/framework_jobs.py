@@ -1,0 +1,177 @@
+"""One harness for the framework jobs (FSDP2, Lightning, Hugging Face ``Trainer``): run a
+job under torchrun against a real collector, then read what goodlens stored and what the
+job's own clock says (``examples/integrations/jobclock.py``).
+
+Why one harness: every integration makes the same claims (restart and recompute after a
+killed rank, a slowed rank found as itself with its slowdown, a stalled data loader seen as
+input stall and not as a straggler, a checkpoint's blocking time), and each claim's expected
+value comes from the job's clock the same way whatever the framework. The expected numbers
+here are computed from the job's files only; goodlens's numbers are only ever compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import GOODLENS, ROOT, Collector, kill_tree
+
+JOBS = ROOT / "examples" / "integrations"
+
+
+@dataclass
+class JobResult:
+    """What a finished job left: goodlens's side (store, report) and the job's clock."""
+
+    db: Path
+    run_id: str
+    truth: dict[tuple[int, int], list[dict]]
+    report: dict = field(default_factory=dict)
+    steps: Any = None
+    events: Any = None
+    log: str = ""
+
+    def lines(self, kind: str, rank: int | None = None, attempt: int | None = None
+              ) -> list[dict]:
+        """The job's clock lines of ``kind`` (every rank and attempt unless given)."""
+        return [x for (r, a), lines in sorted(self.truth.items())
+                if (rank is None or r == rank) and (attempt is None or a == attempt)
+                for x in lines if x["kind"] == kind]
+
+    def own_steps(self, rank: int, attempt: int) -> dict[int, tuple[float, float]]:
+        """``rank``'s own step bounds in ``attempt``: step -> (t0, t1)."""
+        return {x["step"]: (x["t0"], x["t1"]) for x in self.lines("step", rank, attempt)}
+
+    def findings(self) -> list[dict]:
+        """The last state of each straggler finding the collector recorded."""
+        ev = self.events
+        flagged = ev[ev.kind == "straggler_flagged"].sort_values("seq")
+        last: dict[str, dict] = {}
+        for detail in flagged.detail:
+            f = json.loads(detail)
+            last[f["id"]] = f
+        return list(last.values())
+
+
+def read_truth(folder: Path) -> dict[tuple[int, int], list[dict]]:
+    """(rank, attempt) -> the lines that rank wrote in that attempt."""
+    out = {}
+    for f in folder.glob("rank*-attempt*.jsonl"):
+        rank, attempt = f.stem.removeprefix("rank").split("-attempt")
+        out[int(rank), int(attempt)] = [json.loads(line) for line in f.read_text().splitlines()]
+    return out
+
+
+def run_job(tmp_path: Path, script: str, run_id: str, *args: str, nproc: int = 4,
+            restarts: int = 0, timeout: float = 240, detect_wait: float = 0.0) -> JobResult:
+    """Run ``examples/integrations/<script>`` under torchrun (``nproc`` ranks, gloo) with a
+    collector, then read the store, the report and the job's clock. ``detect_wait``: keep
+    the collector up that long after the job so its detection pass reads the last steps."""
+    c = Collector(tmp_path / f"{run_id}.duckdb").start()
+    truth_dir = tmp_path / "truth"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", f"--max-restarts={restarts}", str(JOBS / script),
+           "--url", c.url, "--run-id", run_id, "--ckpt-dir", str(tmp_path / "ckpt"),
+           "--truth-dir", str(truth_dir), *args]
+    log_path = tmp_path / f"{run_id}.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=env)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            pytest.fail(f"torchrun timed out: {log_path.read_text()[-4000:]}")
+        text = log_path.read_text(errors="replace")
+        assert proc.returncode == 0, text[-4000:]
+        if detect_wait:
+            import time
+            time.sleep(detect_wait)
+        c.sync()
+    finally:
+        c.stop()
+    res = JobResult(c.db, run_id, read_truth(truth_dir), log=text)
+    from goodlens.storage.store import Store
+    store = Store(c.db, read_only=True)
+    try:
+        res.steps, res.events = store.steps(run_id), store.events(run_id)
+    finally:
+        store.close()
+    out = subprocess.run([*GOODLENS, "report", "--db", str(c.db), "--run", run_id, "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    res.report = json.loads(out.stdout)
+    return res
+
+
+# -------------------------------------------------------------------- the job's clock's truth
+
+def union_length(spans: list[tuple[float, float]]) -> float:
+    """Total length covered by ``spans`` (overlaps once)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def buckets_sum_to_wall_clock(rep: dict) -> None:
+    """Every second of the wall-clock in exactly one bucket (and the parts in theirs)."""
+    assert sum(rep["buckets"].values()) == pytest.approx(rep["wall_clock_s"], rel=1e-9, abs=1e-6)
+    assert sum(rep["restart_parts"].values()) == pytest.approx(rep["buckets"]["restart"],
+                                                               abs=1e-6)
+    assert sum(rep["other_parts"].values()) == pytest.approx(rep["buckets"]["other"], abs=1e-6)
+
+
+def true_recompute(res: JobResult) -> float:
+    """The rolled-back work by the job's clock: from the start (rank 0's clock) of the first
+    step attempt 1 redid to the crash instant."""
+    crash = res.lines("crash")[0]
+    resumed = min(res.own_steps(0, 1))
+    return crash["t"] - res.own_steps(0, 0)[resumed][0]
+
+
+def true_restart(res: JobResult) -> float:
+    """From the crash to the restarted attempt's first step (rank 0's clock), plus that
+    step's excess over the attempt's median step (its warm-up)."""
+    crash = res.lines("crash")[0]
+    new = res.own_steps(0, 1)
+    durations = [b - a for _, (a, b) in sorted(new.items())]
+    warm = max(0.0, durations[0] - statistics.median(durations[1:]))
+    return new[min(new)][0] - crash["t"] + warm
+
+
+def true_slowdown(res: JobResult, rank: int = 0) -> float:
+    """What the planted sleep costs the job per step: the slow rank's extra over the step
+    the job would have without it (a healthy rank's median step on its own clock, minus
+    the planted sleep as long as it really took), to compare with a finding's ``job_slowdown``."""
+    slow = res.lines("slow")[0]
+    extra = statistics.median(x["s"] for x in res.lines("slowed", attempt=0))
+    steps = [b - a for s, (a, b) in res.own_steps(rank, 0).items() if s >= slow["start"]]
+    return extra / (statistics.median(steps) - extra)
+
+
+def true_stall(res: JobResult) -> float:
+    """The planted data-loader stall every rank had: per stalled step, the shortest of the
+    ranks' stalls (what no rank could hide), summed."""
+    per_step: dict[int, list[float]] = {}
+    for x in res.lines("stall"):
+        per_step.setdefault(x["step"], []).append(x["t1"] - x["t0"])
+    return sum(min(v) for v in per_step.values())
+
+
+def true_saves(res: JobResult, attempt: int | None = None) -> float:
+    """The union over ranks of the job's own blocking save spans."""
+    return union_length([(x["t0"], x["t1"]) for x in res.lines("save", attempt=attempt)])

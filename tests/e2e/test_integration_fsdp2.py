@@ -1,0 +1,108 @@
+"""End-to-end: a 4-rank FSDP2 (``fully_shard``) job under torchrun with planted faults,
+checked against the job's own clock (``examples/integrations/train_fsdp2.py``).
+
+Why: under FSDP2 a rank waits for a slow peer in whichever all-gather or reduce-scatter
+comes next, not in one all-reduce at the end of backward; the integration must count every
+such wait, so that a rank's time to reach the collective (what the straggler detector and
+the straggler bucket read) means what it means under DDP. One job carries every claim (the
+suite's time matters): a data stall on all ranks early, a planted slow reduce-scatter on
+rank 3 on alternate steps, rank 2 slowed by a planted sleep from step 50, checkpoints every
+20 steps, rank 1 killed at step 110 and the job resumed from step 100's checkpoint.
+Expected values come from the job's files only (``tests/e2e/framework_jobs.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.e2e.framework_jobs import (
+    buckets_sum_to_wall_clock,
+    run_job,
+    true_recompute,
+    true_restart,
+    true_saves,
+    true_slowdown,
+    true_stall,
+)
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+STEPS, CKPT, COMPUTE_MS = 130, 20, 20.0
+SLOW_RANK, SLOW_MS, SLOW_FROM = 2, 12.0, 50
+KILL_RANK, KILL_AT = 1, 110
+STALL_AT, STALL_MS = (5, 6), 300.0
+RS_RANK, RS_MS, RS_STEPS = 3, 30.0, (10, 40)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    return run_job(tmp, "train_fsdp2.py", "fsdp2", "--steps", str(STEPS),
+                   "--ckpt-every", str(CKPT), "--compute-ms", str(COMPUTE_MS),
+                   "--slow-rank", str(SLOW_RANK), "--slow-ms", str(SLOW_MS),
+                   "--slow-from", str(SLOW_FROM), "--kill-rank", str(KILL_RANK),
+                   "--kill-at", str(KILL_AT), "--stall-at", ",".join(map(str, STALL_AT)),
+                   "--stall-ms", str(STALL_MS), "--rs-delay-rank", str(RS_RANK),
+                   "--rs-delay-ms", str(RS_MS), "--rs-delay-steps", f"{RS_STEPS[0]}:{RS_STEPS[1]}",
+                   restarts=1, detect_wait=3.0)
+
+
+def test_restart_and_recompute_match_the_jobs_clock(job):
+    rep = job.report
+    buckets_sum_to_wall_clock(rep)
+    assert [a["steps"]["kept"] for a in rep["attempts"]] == [100, STEPS - 100]
+    # the rolled-back steps and the partial step, to the crash instant, on rank 0's clock;
+    # 15% as for DDP (tests/e2e/test_torch_restart.py): the partial step's end is the
+    # failure instant the survivors recorded, a few tens of ms after the crash when loaded
+    assert rep["buckets"]["recompute"] == pytest.approx(true_recompute(job), rel=0.15)
+    a0 = rep["attempts"][0]["restart_parts"]
+    restart = rep["buckets"]["restart"] - a0["init"] - a0["warmup"]  # this restart's alone
+    assert restart == pytest.approx(true_restart(job), rel=0.10)
+    assert rep["attempts"][1]["restart_parts"]["restore"] > 0
+
+
+def test_the_slowed_rank_is_found_as_itself_with_its_slowdown(job):
+    found = job.findings()
+    assert len(found) == 1, found  # not the stall, not the slow reduce-scatter
+    f = found[0]
+    assert f["ranks"] == [SLOW_RANK] and f["action"] == "evict", f
+    # what rank 2 costs the job per step: the planted 12 ms over the step the job would
+    # have without it (a healthy rank's step on its own clock less the planted sleep);
+    # within the issue's 20%. The ready-time ratio (``slowdown``) is about three times
+    # that here: the collectives are ~70% of a step on 2 loaded cores.
+    assert f["job_slowdown"] == pytest.approx(true_slowdown(job), rel=0.20)
+    assert f["slowdown"] > f["job_slowdown"]
+
+
+def test_a_stalled_data_loader_is_input_stall(job):
+    # the shortest of the 4 ranks' 300 ms stalls, per stalled step; the data phase also
+    # times the batch's making (~0.1 ms), and a rank's stall it could not hide is at most
+    # a scheduling slice over the job's own reading
+    assert job.report["other_parts"]["input_stall"] == pytest.approx(true_stall(job),
+                                                                      rel=0.10)
+
+
+def test_checkpoint_stall_is_the_blocking_save(job):
+    # every save was before the rollback point (the last one of attempt 0 at step 99) or in
+    # attempt 1, so all are kept: the union over ranks of the job's own spans around the
+    # save call, which also holds the state_dict() call goodlens does not see (~ms)
+    assert job.report["buckets"]["checkpoint_stall"] == pytest.approx(true_saves(job),
+                                                                      rel=0.15)
+
+
+def test_a_delayed_reduce_scatter_is_exposed_wait_of_its_amount(job):
+    """Rank 3 enters the root's reduce-scatter 30 ms late on the even steps of [10, 40):
+    on those steps every rank, rank 3 itself included, is blocked that much longer in a
+    collective. Paired with the odd neighbours (same phase of the run), the extra median
+    collective wait is the planted sleep as the job measured it, within 20%."""
+    planted = statistics.median(x["s"] for x in job.lines("rs_delay", rank=RS_RANK))
+    steps = job.steps[job.steps.attempt == 0]
+    for rank in (RS_RANK, 0):
+        mine = steps[steps["rank"] == rank].set_index("step").collective_wait_s
+        even = [mine[s] - mine[s + 1] for s in range(*RS_STEPS, 2)]
+        assert statistics.median(even) == pytest.approx(planted, rel=0.20), (rank, even)
+    # not a straggler: rank 3's time to reach the collective did not change
+    assert all(SLOW_RANK in f["ranks"] for f in job.findings())
