@@ -22,7 +22,7 @@ $(VENV)/.stamp-run: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[server,test,torch]'
+	$(BIN)/pip install -q -e '.[server,test,torch,lightning,transformers]'
 	touch $@ $(VENV)/.stamp-run
 
 system-deps:

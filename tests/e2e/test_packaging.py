@@ -41,6 +41,14 @@ def test_the_wheel_is_pure_python_and_carries_every_asset(wheel: Path) -> None:
         for src in (ROOT / folder).glob("*.py"):
             assert f"goodlens/{folder}/{src.name}" in names
     assert not [n for n in names if n.endswith((".so", ".c", ".pyd"))]
+    # a plain install pulls in pyarrow alone: the server and every framework are extras
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [line.split(":", 1)[1].strip() for line in
+                zipfile.ZipFile(wheel).read(meta).decode().splitlines()
+                if line.startswith("Requires-Dist:")]
+    assert [r for r in requires if "extra ==" not in r] == ["pyarrow>=15"], requires
+    for extra in ("torch", "lightning", "transformers", "server"):
+        assert any(f'extra == "{extra}"' in r for r in requires), (extra, requires)
     # one import name: nothing but goodlens and its metadata at the top of the wheel
     tops = {n.split("/")[0] for n in names}
     assert tops - {"goodlens"} == {wheel.name.split("-py3")[0] + ".dist-info"}, tops
@@ -58,7 +66,8 @@ def test_the_layer_contracts_hold_over_the_installed_tree(wheel: Path, tmp_path:
 
 
 _BLOCKED = ("duckdb", "pandas", "numpy", "dash", "plotly", "uvicorn", "starlette", "orjson",
-            "prometheus_client", "click", "a2wsgi")
+            "prometheus_client", "click", "a2wsgi", "torch", "lightning", "transformers",
+            "accelerate")
 _LIGHT = f"""
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):

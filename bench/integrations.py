@@ -1,0 +1,117 @@
+"""Benchmark: what each framework integration (FSDP2, Lightning, Hugging Face ``Trainer``)
+costs per step, paired against the same job without goodlens.
+
+Each framework's job (``examples/integrations/train_<name>.py``) runs under torchrun (gloo,
+CPU, ``--nproc`` ranks; 2 puts one rank on each core of a 2-core machine) in pairs: with
+goodlens (the callback or ``instrument``, the exporter pushing to a discard sink at the
+lowest CPU priority, as ``bench/torch_overhead.py``'s in-process row) and with
+``--no-goodlens`` (the same job, no callback, a disabled exporter). The order alternates
+from pair to pair so drift hits both alike. Rank 0 writes each step's wall time; per run the
+median step after the first ``--skip`` steps; per pair the ratio of the two medians. The
+table gives the median of the pairs' overheads with a 95% bootstrap interval over pairs.
+
+Target (#27): <= 1% per framework. ``met`` when the interval's upper end is <= 1%,
+``unresolved`` when only the point estimate is (the machine's noise is wider than the
+target), else ``over``.
+
+    .venv/bin/python bench/integrations.py [--frameworks fsdp2,lightning,hf] [--pairs 6]
+        [--steps 300] [--nproc 2] [--compute-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._common import machine, table  # noqa: E402
+from bench.torch_overhead import Sink  # noqa: E402
+
+SCRIPTS = {"fsdp2": "train_fsdp2.py", "lightning": "train_lightning.py", "hf": "train_hf.py"}
+
+
+def one_run(tmp: Path, script: str, url: str | None, args: argparse.Namespace,
+            tag: str) -> float:
+    """Rank 0's median step wall time (s) of one torchrun, the first ``skip`` steps left
+    out."""
+    times = tmp / f"{tag}.txt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={args.nproc}", str(ROOT / "examples" / "integrations" / script),
+           "--steps", str(args.steps), "--compute-ms", str(args.compute_ms), "--run-id", tag,
+           "--times-out", str(times), "--ckpt-dir", str(tmp / f"ckpt-{tag}")]
+    cmd += ["--url", url] if url else ["--no-goodlens"]
+    env = {**os.environ, "GOODLENS_SPILL_DIR": str(tmp / "spill"), "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(cmd, cwd=tmp, timeout=900, capture_output=True, env=env)
+    if out.returncode:
+        raise RuntimeError(f"{script} failed:\n{out.stdout.decode()[-3000:]}"
+                           f"{out.stderr.decode()[-3000:]}")
+    wall = [float(x) for x in times.read_text().split()][args.skip:]
+    return statistics.median(wall)
+
+
+def median_ci(x: np.ndarray, seed: int = 0, n_boot: int = 4000) -> tuple[float, float, float]:
+    """Median of ``x`` with a 95% bootstrap interval."""
+    rng = np.random.default_rng(seed)
+    boots = np.median(rng.choice(x, size=(n_boot, len(x)), replace=True), axis=1)
+    return float(np.median(x)), float(np.quantile(boots, 0.025)), float(np.quantile(boots,
+                                                                                     0.975))
+
+
+def verdict(ci: tuple[float, float, float], target: float = 0.01) -> str:
+    return "met" if ci[2] <= target else "unresolved" if ci[0] <= target else "over"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frameworks", default="fsdp2,lightning,hf")
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--skip", type=int, default=30, help="warm-up steps left out")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--compute-ms", type=float, default=20.0)
+    args = ap.parse_args()
+    rows = []
+    sink = Sink()
+    try:
+        with tempfile.TemporaryDirectory(prefix="gl-integrations-") as d:
+            tmp = Path(d)
+            for name in args.frameworks.split(","):
+                script = SCRIPTS[name]
+                ratios, plain, instr = [], [], []
+                for i in range(args.pairs):
+                    order = [None, sink.url] if i % 2 == 0 else [sink.url, None]
+                    got = {}
+                    for url in order:
+                        tag = f"{name}-{i}-{'gl' if url else 'plain'}"
+                        got[url is not None] = one_run(tmp, script, url, args, tag)
+                    plain.append(got[False])
+                    instr.append(got[True])
+                    ratios.append(got[True] / got[False] - 1.0)
+                    print(f"{name} pair {i}: plain {got[False] * 1e3:.2f} ms, goodlens "
+                          f"{got[True] * 1e3:.2f} ms ({ratios[-1]:+.2%})", file=sys.stderr)
+                ci = median_ci(np.array(ratios))
+                rows.append([name, f"{statistics.median(plain) * 1e3:.2f}",
+                             f"{statistics.median(instr) * 1e3:.2f}",
+                             f"{ci[0]:+.2%} [{ci[1]:+.2%}, {ci[2]:+.2%}]", verdict(ci)])
+    finally:
+        sink.stop()
+    print(f"{machine()}; {args.nproc} ranks, {args.steps} steps ({args.skip} skipped), "
+          f"{args.compute_ms:g} ms planted compute, {args.pairs} pairs")
+    print(table(rows, ["framework", "plain step (ms)", "goodlens step (ms)",
+                       "overhead, median [95% CI]", "<= 1%"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
