@@ -10,6 +10,7 @@ all-reduce. This job is what ``tests/e2e/test_integration_fsdp2.py`` and
     torchrun --standalone --nproc_per_node=4 examples/integrations/train_fsdp2.py \\
         --steps 200 --ckpt-every 20 --url http://127.0.0.1:8470 --run-id fsdp2-demo
 
+``--hsdp`` shards within pairs of ranks and replicates across the pairs (a 2-D mesh).
 Beyond the shared faults: ``--rs-delay-rank R --rs-delay-ms X --rs-delay-steps A:B`` delays
 rank R's reduce-scatter of the root module by X ms on the even steps in [A, B) (a planted
 slow collective: every rank is blocked in it X ms longer; the job writes each planted sleep
@@ -102,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default="ckpt-fsdp2")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--hsdp", action="store_true",
+                   help="HSDP: a (world/2, 2) mesh, replicated across pairs of ranks")
     p.add_argument("--rs-delay-rank", type=int, default=-1)
     p.add_argument("--rs-delay-ms", type=float, default=0.0)
     p.add_argument("--rs-delay-steps", default="0:0", help="A:B, the even steps in [A, B)")
@@ -147,9 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     exp = RankExporter.from_env(run_id=args.run_id, url=args.url,  # goodlens
                                 **({"enabled": False} if args.no_goodlens else {}))
     model = Net(args.hidden, args.layers)
+    mesh = None
+    if args.hsdp:  # 2-D: replicate across pairs of ranks, shard within each pair
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2),
+                                mesh_dim_names=("replicate", "shard"))
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)  # the root: inp and head
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)  # the root: inp and head
     delay = None
     if rank == args.rs_delay_rank and args.rs_delay_ms > 0:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter

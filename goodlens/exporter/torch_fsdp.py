@@ -18,11 +18,15 @@ is exactly the exposed wait, including the wait for a slow peer. An asynchronous
 ``Work`` returned: FSDP2's ``unshard(async_op=True)``) is timed from the call and again at
 its ``wait()`` through a ``Work`` subclass, so only the blocked part is counted.
 
+HSDP (a 2-D mesh): the shard group's collectives go through the same custom comms; the
+replicate group's all-reduce is FSDP2's own ``dist.all_reduce`` call, timed through the
+public ``set_all_reduce_hook``, which native HSDP runs right after it
+(:class:`TimedAllReduce`).
+
 Not covered: on CUDA an NCCL call returns at enqueue and the training thread's stall is a
 stream wait the host clock cannot see (:func:`attach` warns, and the step is then compute
-plus data wait); HSDP's replicate all-reduce (``dist.all_reduce`` inside FSDP2's
-``foreach_reduce``, not through the custom comm) and tensor/pipeline parallel collectives
-are not timed (docs/integrations.md).
+plus data wait); tensor and pipeline parallel collectives are not timed
+(docs/integrations.md).
 """
 
 from __future__ import annotations
@@ -100,21 +104,46 @@ class TimedAllGather(AllGather):
 
 
 class TimedReduceScatter(ReduceScatter):
-    """FSDP2's reduce-scatter (``inner``) timed as collective wait."""
+    """FSDP2's reduce-scatter (``inner``) timed as collective wait. ``mark`` is when FSDP2
+    last used it (its output buffer allocated, or the call returned): where an HSDP
+    all-reduce that follows begins (:class:`TimedAllReduce`)."""
 
     def __init__(self, inner: Any, exporter: Any) -> None:
         self.inner = inner
         self.add_wait = exporter.add_wait
+        self.mark = 0.0
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> Any:
-        return self.inner.allocate(size, dtype=dtype, device=device)
+        out = self.inner.allocate(size, dtype=dtype, device=device)
+        self.mark = perf_counter()
+        return out
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: Any, op: Any, async_op: bool = False) -> Any:
         t0 = perf_counter()
         work = self.inner(output_tensor=output_tensor, input_tensor=input_tensor,
                           group=group, op=op, async_op=async_op)
-        return _timed(work, t0, self.add_wait)
+        out = _timed(work, t0, self.add_wait)
+        self.mark = perf_counter()
+        return out
+
+
+class TimedAllReduce:
+    """HSDP's replicate all-reduce timed as collective wait, through FSDP2's public
+    ``set_all_reduce_hook``: under native HSDP the hook runs right after FSDP2's own
+    ``dist.all_reduce`` of the reduce-scatter's output, so the time since the module's
+    reduce-scatter last returned (``scatter.mark``) is that all-reduce (on gloo, blocking),
+    plus a few tensor additions. A hook of the user's (``inner``) still runs, after."""
+
+    def __init__(self, scatter: TimedReduceScatter, inner: Any, exporter: Any) -> None:
+        self.scatter = scatter
+        self.inner = inner
+        self.add_wait = exporter.add_wait
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        self.add_wait("collective", perf_counter() - self.scatter.mark)
+        if self.inner is not None:
+            self.inner(reduce_output)
 
 
 def fsdp_modules(model: Any) -> list[Any]:
@@ -160,7 +189,12 @@ def attach(model: Any, exporter: Any) -> int:
         if gather is not None:
             module.set_custom_all_gather(TimedAllGather(gather, exporter))
         if scatter is not None:
-            module.set_custom_reduce_scatter(TimedReduceScatter(scatter, exporter))
+            timed = TimedReduceScatter(scatter, exporter)
+            module.set_custom_reduce_scatter(timed)
+            group = module._get_fsdp_state()._fsdp_param_groups[0]
+            if getattr(group, "_is_hsdp", False):  # the replicate dimension's all-reduce
+                module.set_all_reduce_hook(TimedAllReduce(timed, group._all_reduce_hook,
+                                                          exporter))
         count += 1
     if count and any(p.is_cuda for p in model.parameters()):
         log.warning("goodlens: FSDP2 on CUDA: the collective wait is timed on the host, where "

@@ -106,3 +106,33 @@ def test_a_delayed_reduce_scatter_is_exposed_wait_of_its_amount(job):
         assert statistics.median(even) == pytest.approx(planted, rel=0.20), (rank, even)
     # not a straggler: rank 3's time to reach the collective did not change
     assert all(SLOW_RANK in f["ranks"] for f in job.findings())
+
+
+@pytest.fixture(scope="module")
+def hsdp_job(tmp_path_factory):
+    """HSDP on a (2, 2) mesh: ranks 0-1 and 2-3 shard, 0-2 and 1-3 replicate. Rank 0 slowed
+    from step 20; no restart (the restart path is the 1-D job's)."""
+    tmp = tmp_path_factory.mktemp("hsdp")
+    return run_job(tmp, "train_fsdp2.py", "hsdp", "--hsdp", "--steps", "90",
+                   "--compute-ms", str(COMPUTE_MS), "--slow-rank", "0", "--slow-ms",
+                   str(SLOW_MS), "--slow-from", "20", detect_wait=3.0)
+
+
+def test_hsdp_times_the_replicate_all_reduce_too(hsdp_job):
+    """Rank 2 never shares a shard group with rank 0: it waits for it only in the replicate
+    all-reduce (and rank 3 waits for rank 1, which waits for rank 0, there too). Were that
+    wait not timed, ranks 2 and 3 would look as slow as rank 0 and the job's median would
+    move with them; timed, rank 0 alone is found, with its cost."""
+    found = hsdp_job.findings()
+    assert [f["ranks"] for f in found] == [[0]], found
+    assert found[0]["action"] == "evict"
+    assert found[0]["job_slowdown"] == pytest.approx(true_slowdown(hsdp_job, rank=2),
+                                                     rel=0.20)
+    steps = hsdp_job.steps
+    ready = (steps.duration_s - steps.collective_wait_s)[steps.step >= 30]
+    by_rank = ready.groupby(steps["rank"]).median()
+    extra = statistics.median(x["s"] for x in hsdp_job.lines("slowed"))
+    # rank 0's own work is the planted sleep longer than each other rank's, which agree
+    for r in (1, 2, 3):
+        assert by_rank[0] - by_rank[r] == pytest.approx(extra, rel=0.25), by_rank
+    buckets_sum_to_wall_clock(hsdp_job.report)

@@ -120,3 +120,25 @@ def test_instrument_wraps_each_fsdp_module_once_and_keeps_a_users_comm(world_one
 def test_a_model_without_fsdp_is_not_touched():
     assert torch_fsdp.attach(nn.Linear(2, 2), Sink()) == 0
     assert torch_fsdp.fsdp_modules(object()) == []
+
+
+def test_the_hsdp_all_reduce_is_the_time_since_the_reduce_scatter_returned():
+    """Native HSDP runs the all-reduce hook right after its own all-reduce of the
+    reduce-scatter's output: the wait is from the reduce-scatter's return to the hook, and
+    a hook of the user's still runs, after, with the same tensor."""
+    sink, seen = Sink(), []
+    scatter = torch_fsdp.TimedReduceScatter(PlantedComm(), sink)
+    hook = torch_fsdp.TimedAllReduce(scatter, seen.append, sink)
+    out = torch.zeros(2)
+    scatter(out, torch.zeros(4), "group", "sum")
+    time.sleep(WAIT)  # the all-reduce FSDP2 runs itself, blocking on gloo
+    hook(out)
+    assert len(sink.waits) == 2
+    assert WAIT <= sink.waits[0] < WAIT + 0.03  # the reduce-scatter
+    assert WAIT <= sink.waits[1] < WAIT + 0.03  # the all-reduce after it
+    assert seen == [out]
+    # a shard group of one calls no reduce-scatter: the output buffer's allocation marks it
+    scatter.allocate((2,), dtype=torch.float32, device=torch.device("cpu"))
+    time.sleep(WAIT)
+    torch_fsdp.TimedAllReduce(scatter, None, sink)(out)
+    assert WAIT <= sink.waits[2] < WAIT + 0.03
