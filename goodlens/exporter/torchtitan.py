@@ -11,7 +11,7 @@ declares the nested ``Config`` (``Configurable.__init_subclass__``), and ``--mod
 
 - :class:`GoodlensTrainerMixin`, the instrumentation over torchtitan's ``Trainer`` API
   (checked against 0.3.0's ``trainer.py``, ``components/checkpointer`` and
-  ``components/validate.py``; docs/torchtitan-findings.md):
+  ``components/validate.py``; docs/torchtitan-cpu.md):
 
   - ``init_distributed``: torchtitan's own, whose ``init_process_group`` call goes through
     :func:`goodlens.exporter.torch.init_process_group` (attempt-prefixed store keys, so a

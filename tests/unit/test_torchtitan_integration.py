@@ -2,7 +2,7 @@
 torchtitan 0.3.0's trainer, without torchtitan installed.
 
 Why a stand-in: CI does not install torchtitan (it needs triton, and on torch 2.13 CPU it
-trains only through a shim; docs/torchtitan-findings.md). The stand-in below copies the
+trains only through a shim; docs/torchtitan-cpu.md). The stand-in below copies the
 parts of torchtitan 0.3.0 the integration relies on, as the findings describe them:
 ``Configurable`` (a class declaring a nested ``Config`` becomes what ``Config.build()``
 constructs), ``Trainer.train()``'s call order (``checkpointer.load``, ``batch_generator``
