@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,6 +41,8 @@ __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topol
            "detect_matrix", "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
 
 _MEDIAN_SE = 1.2533   # the standard error of a median of m normal values is ~1.2533 s / sqrt(m)
+#: Recent steps whose median times price a finding's ``job_slowdown``.
+_RECENT = 64
 #: Steps prepared at once by :meth:`StragglerDetector.update_many`.
 _BLOCK = 256
 
@@ -174,7 +177,8 @@ class Finding:
     job_slowdown: float | None = None
     """What the subject costs the job per step: its excess time to reach the collective (the
     slowdown times the typical time to reach it) over the step time the job would have
-    without that excess (0.1 = steps 10% longer than without it). Smaller than ``slowdown``
+    without that excess (0.1 = steps 10% longer than without it), priced with the medians of
+    the last 64 steps. Smaller than ``slowdown``
     where collectives are a real share of the step (under FSDP2 they can be most of it);
     None before a step time is known."""
 
@@ -252,6 +256,7 @@ class StragglerDetector:
         self.scales = [math.nan, math.nan, math.nan]
         self.med_ready = np.nan
         self.step_time = np.nan
+        self._recent: deque[tuple[float, float, bool]] = deque(maxlen=_RECENT)
         self.updates = 0
         self._excl = np.zeros(self.n, bool)
         self._ex = excluded(self.layout, self._excl, ~self._sus)
@@ -333,6 +338,7 @@ class StragglerDetector:
         st = step_time_s if step_time_s and step_time_s > 0 else ref_s
         self.med_ready = _ewma(self.med_ready, ref_s)
         self.step_time = _ewma(self.step_time, st)
+        self._recent.append((ref_s, st, self._ex.keep is not None))
 
     def _level_scales(self, spread: list[float]) -> list[float]:
         """Per level (rank, host, switch) the noise scale: the spread across the level's
@@ -504,11 +510,26 @@ class StragglerDetector:
         conf = float(np.clip(1.0 - 0.5 * cfg.threshold_h / max(score, 1e-9), 0.0, 1.0))
         host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
             None, None, "the rest of the job")
-        excess = max(slow, 0.0) * self.med_ready  # seconds a step waits on it, typically
-        job = excess / (self.step_time - excess) if self.step_time > excess else None
+        job = self._job_slowdown(slow)
         return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
                        max(wait, 0.0), per_hour, action, conf, attempt, "update", o.id, step,
                        host, sw, rel, job)
+
+    def _job_slowdown(self, slow: float) -> float | None:
+        """What a subject ``slow`` (relative excess) costs a step: its excess in seconds
+        over the step time without it, from the medians of the last ``_RECENT`` steps'
+        reference time to reach the collective and step time (medians: a loaded machine's
+        few long steps would drag a mean). The reference is taken from the steps whose
+        reference left the suspects out, when there are any: in a small job a slow rank
+        inside it moves it (one of 4 ranks 40% slow moved it 6% up)."""
+        if not self._recent:
+            return None
+        recent = np.asarray(self._recent)
+        clean = recent[recent[:, 2] > 0]
+        ref = float(np.median((clean if len(clean) else recent)[:, 0]))
+        st = float(np.median(recent[:, 1]))
+        excess = max(slow, 0.0) * ref  # seconds a step waits on it, typically
+        return excess / (float(st) - excess) if st > excess else None
 
     def active(self) -> list[Finding]:
         """The open findings with their current estimates (status ``update``), in order of

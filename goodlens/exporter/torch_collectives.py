@@ -341,14 +341,45 @@ def _on_cuda(model: Any) -> bool:
         return False
 
 
+_WRAPPED = "_goodlens_timed"
+
+
+def time_buffer_sync(ddp: Any, exporter: Any) -> None:
+    """Time a DDP module's buffer broadcast as collective wait (both modes).
+
+    With ``broadcast_buffers`` (DDP's default) a model with buffers (batch-norm statistics,
+    a Llama's rotary ``inv_freq``) broadcasts them from rank 0 at the start of every
+    synchronised forward: a collective in which every rank waits for the last to arrive.
+    Untimed, that wait is compute, and a slow rank makes the ranks that wait for it there
+    look as slow as itself (seen with a Hugging Face Llama: two findings, ranks 2 and 0,
+    for one rank slowed). DDP calls ``self._sync_buffers()`` (torch 2.13), so an instance
+    attribute wraps it, once; a module without it is left alone."""
+    sync = getattr(ddp, "_sync_buffers", None)
+    if sync is None or getattr(sync, _WRAPPED, False):
+        return
+    add_wait = exporter.add_wait
+
+    def timed() -> Any:
+        t0 = perf_counter()
+        try:
+            return sync()
+        finally:
+            add_wait("collective", perf_counter() - t0)
+
+    setattr(timed, _WRAPPED, True)
+    ddp._sync_buffers = timed
+
+
 def attach(model: Any, exporter: Any, process_group: Any = None,
            collectives: str = "auto") -> Any:
-    """Install the collective timing of ``collectives`` mode on a DDP ``model``; returns the
-    timer (None for a model that is not DDP, or mode ``off``)."""
+    """Install the collective timing of ``collectives`` mode on a DDP ``model`` (and time
+    its buffer broadcast, :func:`time_buffer_sync`); returns the timer (None for a model
+    that is not DDP, or mode ``off``)."""
     if collectives not in MODES:
         raise ValueError(f"collectives must be one of {MODES}, not {collectives!r}")
     if collectives == "off" or not hasattr(model, "register_comm_hook"):
         return None
+    time_buffer_sync(model, exporter)
     if collectives == "auto":
         collectives = "hook" if _on_cuda(model) else "exposed"
     if collectives == "exposed":

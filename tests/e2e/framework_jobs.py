@@ -153,13 +153,16 @@ def true_restart(res: JobResult) -> float:
     return new[min(new)][0] - crash["t"] + warm
 
 
-def true_slowdown(res: JobResult, rank: int = 0) -> float:
-    """What the planted sleep costs the job per step: the slow rank's extra over the step
-    the job would have without it (a healthy rank's median step on its own clock, minus
-    the planted sleep as long as it really took), to compare with a finding's ``job_slowdown``."""
+def true_slowdown(res: JobResult, rank: int = 0, attempt: int = 0) -> float:
+    """What the planted sleep costs the job per step in ``attempt`` (a finding's last state
+    is priced with the steps of the attempt it was made in; the load, and so the step,
+    can differ between attempts): the slow rank's extra over the step the job would have
+    without it (a healthy rank's median step on its own clock, minus the planted sleep as
+    long as it really took), to compare with a finding's ``job_slowdown``."""
     slow = res.lines("slow")[0]
-    extra = statistics.median(x["s"] for x in res.lines("slowed", attempt=0))
-    steps = [b - a for s, (a, b) in res.own_steps(rank, 0).items() if s >= slow["start"]]
+    extra = statistics.median(x["s"] for x in res.lines("slowed", attempt=attempt))
+    steps = [b - a for s, (a, b) in res.own_steps(rank, attempt).items()
+             if s >= slow["start"]]
     return extra / (statistics.median(steps) - extra)
 
 

@@ -123,3 +123,29 @@ def test_an_estimate_at_the_eviction_threshold_does_not_flap():
     assert "evict" in actions and flips <= 1, [(f.last_step, f.slowdown, f.action) for f in out]
     now = det.active()[0]
     assert abs(now.slowdown - 0.049) <= 0.003 and now.action == "evict"
+
+
+@pytest.mark.parametrize(("share", "ranks"), [(0.0, 4), (0.15, 4), (0.40, 4), (0.40, 16),
+                                               (0.70, 8)])
+def test_job_slowdown_is_what_the_job_loses_whatever_the_collectives_share(share, ranks):
+    """``job_slowdown`` is the excess over the step the job would have without the subject,
+    however much of the step the collective's transfer takes; ``slowdown`` (the ready-time
+    ratio) is not. Healthy ranks reach the collective in 30 ms (1% noise each, and a 2%
+    jitter every rank shares), the transfer then takes ``share`` of the healthy step, and
+    rank 1 is 9 ms late from step 100. By hand: the step without it is 30 ms / (1 - share),
+    so the job loses 9 ms of that: 0.3 at 0%, 0.255 at 15%, 0.18 at 40%, 0.09 at 70%;
+    the ready ratio stays 0.3."""
+    rng = np.random.default_rng(7)
+    steps, ready_s, late_s = 400, 0.030, 0.009
+    transfer = ready_s * share / (1 - share)
+    shared = 1 + 0.02 * rng.standard_normal((steps, 1))
+    ready = ready_s * shared * (1 + 0.01 * rng.standard_normal((steps, ranks)))
+    ready[100:, 1] += late_s
+    step_time = ready.max(axis=1) + transfer
+    det = StragglerDetector(n_ranks=ranks)
+    det.update_many(list(range(steps)), ready, step_time.tolist())
+    (f,) = det.active()
+    expected = late_s / (ready_s / (1 - share))
+    assert f.ranks == [1]
+    assert f.job_slowdown == pytest.approx(expected, rel=0.06)
+    assert f.slowdown == pytest.approx(late_s / ready_s, rel=0.06)

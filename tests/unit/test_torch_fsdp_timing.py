@@ -142,3 +142,26 @@ def test_the_hsdp_all_reduce_is_the_time_since_the_reduce_scatter_returned():
     time.sleep(WAIT)
     torch_fsdp.TimedAllReduce(scatter, None, sink)(out)
     assert WAIT <= sink.waits[2] < WAIT + 0.03
+
+
+def test_a_ddp_models_buffer_broadcast_is_collective_wait(world_one):
+    """DDP broadcasts a model's buffers from rank 0 before every synchronised forward, a
+    collective every rank waits in for the last one: ``instrument`` times it (once, however
+    often it is called), here planted to block ``WAIT``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+    calls = []
+
+    def planted() -> None:
+        calls.append(1)
+        time.sleep(WAIT)
+    model._sync_buffers = planted
+    sink = Sink()
+    sink.config, sink.attempt = None, 0
+    gl.instrument(model, sink, collectives="exposed")
+    gl.instrument(model, sink, collectives="exposed")  # not wrapped twice
+    before = len(sink.waits)
+    model(torch.ones(3, 4)).sum().backward()
+    assert calls == [1]
+    buffer_waits = [w for w in sink.waits[before:] if w >= WAIT]
+    assert len(buffer_waits) == 1 and buffer_waits[0] < WAIT + 0.03
