@@ -96,15 +96,28 @@ def test_checkpoint_stall_is_the_blocking_save(job):
 
 def test_a_delayed_reduce_scatter_is_exposed_wait_of_its_amount(job):
     """Rank 3 enters the root's reduce-scatter 30 ms late on the even steps of [10, 40):
-    on those steps every rank, rank 3 itself included, is blocked that much longer in a
-    collective. Paired with the odd neighbours (same phase of the run), the extra median
-    collective wait is the planted sleep as the job measured it, within 20%."""
+    on those steps rank 3 is blocked that much longer in a collective (the delay is inside
+    its own call). Paired with the odd neighbours (same phase of the run), its extra
+    median collective wait is the planted sleep as the job measured it, within the issue's
+    20%. The other ranks wait for rank 3 in the same reduce-scatter, but not exactly the
+    planted sleep: less by however late they themselves reached it (4 ranks on 2 cores
+    arrive tens of ms apart: rank 1's median extra was 23 ms), more by however long the
+    scheduler took to run rank 3 again after its sleep (rank 0's was 36 ms). The job's
+    clock cannot say how much of either, so for them only that they waited for it (over
+    half the planted sleep, in the median) is asserted."""
     planted = statistics.median(x["s"] for x in job.lines("rs_delay", rank=RS_RANK))
     steps = job.steps[job.steps.attempt == 0]
-    for rank in (RS_RANK, 0):
+
+    def extra(rank: int) -> tuple[float, list[float]]:
         mine = steps[steps["rank"] == rank].set_index("step").collective_wait_s
         even = [mine[s] - mine[s + 1] for s in range(*RS_STEPS, 2)]
-        assert statistics.median(even) == pytest.approx(planted, rel=0.20), (rank, even)
+        return statistics.median(even), even
+
+    own, even = extra(RS_RANK)
+    assert own == pytest.approx(planted, rel=0.20), even
+    for rank in (0, 1, 2):
+        theirs, even = extra(rank)
+        assert theirs >= 0.5 * planted, (rank, even)
     # not a straggler: rank 3's time to reach the collective did not change
     assert all(SLOW_RANK in f["ranks"] for f in job.findings())
 
