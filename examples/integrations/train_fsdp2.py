@@ -11,10 +11,10 @@ all-reduce. This job is what ``tests/e2e/test_integration_fsdp2.py`` and
         --steps 200 --ckpt-every 20 --url http://127.0.0.1:8470 --run-id fsdp2-demo
 
 ``--hsdp`` shards within pairs of ranks and replicates across the pairs (a 2-D mesh).
-Beyond the shared faults: ``--rs-delay-rank R --rs-delay-ms X --rs-delay-steps A:B`` delays
-rank R's reduce-scatter of the root module by X ms on the even steps in [A, B) (a planted
-slow collective: every rank is blocked in it X ms longer; the job writes each planted sleep
-as it measured it, ``rs_delay`` lines).
+Beyond the shared faults: ``--rs-delay-ranks R,... --rs-delay-ms X --rs-delay-steps A:B``
+delays those ranks' reduce-scatter of the root module by X ms inside the call, on the even
+steps in [A, B) (a planted slow collective: with every rank delayed, each is blocked in it X
+ms longer; the job writes each planted sleep as it measured it, ``rs_delay`` lines).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hsdp", action="store_true",
                    help="HSDP: a (world/2, 2) mesh, replicated across pairs of ranks")
-    p.add_argument("--rs-delay-rank", type=int, default=-1)
+    p.add_argument("--rs-delay-ranks", default="",
+                   help="comma-separated ranks whose root reduce-scatter is delayed")
     p.add_argument("--rs-delay-ms", type=float, default=0.0)
     p.add_argument("--rs-delay-steps", default="0:0", help="A:B, the even steps in [A, B)")
     p.add_argument("--run-id", default="fsdp2")
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)  # the root: inp and head
     delay = None
-    if rank == args.rs_delay_rank and args.rs_delay_ms > 0:
+    if str(rank) in args.rs_delay_ranks.split(",") and args.rs_delay_ms > 0:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
         delay = DelayedReduceScatter(DefaultReduceScatter(), args.rs_delay_ms, clock)
         model.set_custom_reduce_scatter(delay)

@@ -66,6 +66,9 @@ from goodlens.model.schema import EventKind
 __all__ = ["GoodlensTrainerMixin", "goodlens_config", "trainer_class"]
 # ``GoodlensTrainer`` is left out of __all__: a star import would import torchtitan
 
+#: How long the end of ``train()`` waits for a finished async save's event to be recorded.
+_UPLOAD_RECORD_S = 10.0
+
 log = logging.getLogger("goodlens.exporter.torchtitan")
 
 _CLASSES: dict[tuple[type, type], type] = {}
@@ -238,11 +241,18 @@ class GoodlensTrainerMixin:
             exp.event(EventKind.CKPT_SAVE_DURABLE_END, **_with_bytes(fields, path))
             return
 
+        recorded = threading.Event()  # set once the callback below has run
+        self._goodlens_uploads = [e for e in getattr(self, "_goodlens_uploads", [])
+                                  if not e.is_set()] + [recorded]
+
         def durable(f: Any) -> None:
-            if f.cancelled() or f.exception() is not None:
-                log.warning("goodlens: async checkpoint of step %s failed", step)
-                return
-            exp.event(EventKind.CKPT_SAVE_DURABLE_END, **_with_bytes(fields, path))
+            try:
+                if f.cancelled() or f.exception() is not None:
+                    log.warning("goodlens: async checkpoint of step %s failed", step)
+                    return
+                exp.event(EventKind.CKPT_SAVE_DURABLE_END, **_with_bytes(fields, path))
+            finally:
+                recorded.set()
 
         upload.add_done_callback(_guarded(durable))
 
@@ -319,6 +329,10 @@ class GoodlensTrainerMixin:
         wait = getattr(checkpointer, "maybe_wait_for_saving", None)
         if callable(wait):  # a save in flight (the data ran out): durable, and recorded
             _guarded(wait)()
+        # a Future wakes its waiters before it runs its callbacks: the durable event of the
+        # save just waited for may not be recorded yet (seen on a loaded machine)
+        for recorded in getattr(self, "_goodlens_uploads", []):
+            recorded.wait(_UPLOAD_RECORD_S)
         done = self._goodlens_done
         gl.attempt_end(exp, "completed", step=done if done is not None else int(self.step))
 

@@ -30,7 +30,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
-STEPS, CKPT, EVAL, ACCUM, COMPUTE_MS, EVAL_MS = 80, 10, 20, 2, 20.0, 150.0
+STEPS, CKPT, EVAL, ACCUM, COMPUTE_MS, EVAL_MS = 110, 10, 20, 2, 20.0, 150.0
 # 25 ms: the slowed rank's own work is also ~2 ms slower than the others' while 3 ranks poll
 # for it on 2 cores (contention the planted sleep induces, outside the job's clock); against
 # 15 ms that alone was +13% of the truth
@@ -85,7 +85,9 @@ def test_the_slowed_rank_is_found_as_itself_with_its_slowdown(job):
     f = found[0]
     assert f["ranks"] == [SLOW_RANK] and f["action"] == "evict", f
     # what rank 2 costs the job per step (the planted sleep over the step the job would
-    # have without it, on a healthy rank's own clock); within the issue's 20%
+    # have without it, on a healthy rank's own clock); within the issue's 20%. The last
+    # estimate is the restarted attempt's, whose evidence starts again at the restart: 60
+    # steps after it (with 30 its last update read 22% low, not yet converged)
     assert f["job_slowdown"] == pytest.approx(true_slowdown(job, attempt=f["attempt"]),
                                               rel=0.20), f
 
