@@ -98,12 +98,13 @@ def test_a_delayed_reduce_scatter_is_exposed_wait_of_its_amount(job):
     """Every rank enters the root's reduce-scatter 100 ms late, inside the call, on the even
     steps of [8, 48): each is blocked in that collective 100 ms longer, plus however long
     the last rank to wake waits for a core (4 ranks waking at once on 2 cores: ~10 ms,
-    which is why the delay is 100 ms and not 50, where it was 20% of it). Per rank, the median over the steps of (even step's
-    collective wait - the next odd step's) is the planted sleep as that rank measured it,
-    within the issue's 20%; and the time to reach the collective (step - wait) does not
-    move by more than a fifth of it: the delay is not taken for compute. (A delay planted
-    on one rank alone is not this: its peers' extra wait is shortened by however late they
-    reached the collective themselves, tens of ms on 4 ranks sharing 2 cores.)"""
+    which is why the delay is 100 ms and not 50, where it was 20% of it). Per rank, the
+    median over the steps of (even step's collective wait - the next odd step's) is the
+    planted sleep as that rank measured it, within the issue's 20%; and the time to reach
+    the collective (step - wait) does not move by more than a fifth of it: the delay is
+    not taken for compute. (A delay planted on one rank alone is not this: its peers'
+    extra wait is shortened by however late they reached the collective themselves, tens
+    of ms on 4 ranks sharing 2 cores.)"""
     steps = job.steps[job.steps.attempt == 0]
     for rank in range(4):
         planted = statistics.median(x["s"] for x in job.lines("rs_delay", rank=rank))
