@@ -47,7 +47,8 @@ def one_run(tmp: Path, script: str, url: str | None, args: argparse.Namespace,
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.nproc}", str(ROOT / "examples" / "integrations" / script),
            "--steps", str(args.steps), "--compute-ms", str(args.compute_ms), "--run-id", tag,
-           "--times-out", str(times), "--ckpt-dir", str(tmp / f"ckpt-{tag}")]
+           "--times-out", str(times), "--ckpt-dir", str(tmp / f"ckpt-{tag}"),
+           "--flush-interval", str(args.flush_interval)]
     cmd += ["--url", url] if url else ["--no-goodlens"]
     env = {**os.environ, "GOODLENS_SPILL_DIR": str(tmp / "spill"), "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -80,6 +81,8 @@ def main() -> int:
     ap.add_argument("--skip", type=int, default=30, help="warm-up steps left out")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--compute-ms", type=float, default=20.0)
+    ap.add_argument("--flush-interval", type=float, default=1.0,
+                    help="the exporter's flush interval (its default, 1 s; the tests use 0.2)")
     args = ap.parse_args()
     rows = []
     sink = Sink()

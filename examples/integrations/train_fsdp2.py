@@ -115,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the same job without goodlens (the overhead benchmark's baseline)")
     p.add_argument("--times-out", default=None,
                    help="rank 0 writes its step wall times (s), one per line, to this file")
+    p.add_argument("--flush-interval", type=float, default=0.2,
+                   help="exporter flush interval in seconds (tests: 0.2; the default 1.0)")
     add_fault_args(p)
     return p.parse_args(argv)
 
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = JobClock(args.truth_dir, rank, T_SCRIPT)
     faults = Faults(args, rank, clock)
     exp = RankExporter.from_env(run_id=args.run_id, url=args.url,  # goodlens
+                                flush_interval_s=args.flush_interval,
                                 **({"enabled": False} if args.no_goodlens else {}))
     model = Net(args.hidden, args.layers)
     mesh = None

@@ -173,6 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the same job without goodlens (the overhead benchmark's baseline)")
     p.add_argument("--times-out", default=None,
                    help="rank 0 writes its step wall times (s), one per line, to this file")
+    p.add_argument("--flush-interval", type=float, default=0.2,
+                   help="exporter flush interval in seconds (tests: 0.2; the default 1.0)")
     add_fault_args(p)
     return p.parse_args(argv)
 
@@ -229,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     wall: list[float] = []
     trainer.add_callback(StepClock(trainer, wall))
     if not args.no_goodlens:  # goodlens: steps, data and collective wait, saves, eval, restore
-        glhf.instrument(trainer, run_id=args.run_id, url=args.url, flush_interval_s=0.2)
+        glhf.instrument(trainer, run_id=args.run_id, url=args.url,
+                        flush_interval_s=args.flush_interval)
     trainer.train(resume_from_checkpoint=resume)
     if args.times_out and rank == 0:
         Path(args.times_out).write_text("".join(f"{w}\n" for w in wall))
