@@ -12,7 +12,10 @@ table gives the median of the pairs' overheads with a 95% bootstrap interval ove
 
 Target (#27): <= 1% per framework. ``met`` when the interval's upper end is <= 1%,
 ``unresolved`` when only the point estimate is (the machine's noise is wider than the
-target), else ``over``.
+target), else ``over``. Beside it, the paired difference in rank 0's process CPU time per
+step (every thread's: the callback or timers on the training thread and the exporter's
+flusher), as a share of the plain step's wall time: what goodlens itself executes, which
+the scheduler's noise between separate jobs barely moves.
 
     .venv/bin/python bench/integrations.py [--frameworks fsdp2,lightning,hf] [--pairs 6]
         [--steps 300] [--nproc 2] [--compute-ms 20]
@@ -40,8 +43,9 @@ SCRIPTS = {"fsdp2": "train_fsdp2.py", "lightning": "train_lightning.py", "hf": "
 
 
 def one_run(tmp: Path, script: str, url: str | None, args: argparse.Namespace,
-            tag: str) -> float:
-    """Rank 0's median step wall time (s) of one torchrun, the first ``skip`` steps left
+            tag: str) -> tuple[float, float]:
+    """Rank 0's median step wall time (s) of one torchrun and its process CPU time per step
+    (s: every thread's, the exporter's flusher included), the first ``skip`` steps left
     out."""
     times = tmp / f"{tag}.txt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -57,8 +61,10 @@ def one_run(tmp: Path, script: str, url: str | None, args: argparse.Namespace,
     if out.returncode:
         raise RuntimeError(f"{script} failed:\n{out.stdout.decode()[-3000:]}"
                            f"{out.stderr.decode()[-3000:]}")
-    wall = [float(x) for x in times.read_text().split()][args.skip:]
-    return statistics.median(wall)
+    rows = [line.split() for line in times.read_text().splitlines()][args.skip:]
+    wall = [float(r[0]) for r in rows]
+    cpu = (float(rows[-1][1]) - float(rows[0][1])) / (len(rows) - 1)
+    return statistics.median(wall), cpu
 
 
 def median_ci(x: np.ndarray, seed: int = 0, n_boot: int = 4000) -> tuple[float, float, float]:
@@ -91,28 +97,33 @@ def main() -> int:
             tmp = Path(d)
             for name in args.frameworks.split(","):
                 script = SCRIPTS[name]
-                ratios, plain, instr = [], [], []
+                ratios, plain, instr, cpu = [], [], [], []
                 for i in range(args.pairs):
                     order = [None, sink.url] if i % 2 == 0 else [sink.url, None]
                     got = {}
                     for url in order:
                         tag = f"{name}-{i}-{'gl' if url else 'plain'}"
                         got[url is not None] = one_run(tmp, script, url, args, tag)
-                    plain.append(got[False])
-                    instr.append(got[True])
-                    ratios.append(got[True] / got[False] - 1.0)
-                    print(f"{name} pair {i}: plain {got[False] * 1e3:.2f} ms, goodlens "
-                          f"{got[True] * 1e3:.2f} ms ({ratios[-1]:+.2%})", file=sys.stderr)
-                ci = median_ci(np.array(ratios))
+                    plain.append(got[False][0])
+                    instr.append(got[True][0])
+                    ratios.append(got[True][0] / got[False][0] - 1.0)
+                    cpu.append((got[True][1] - got[False][1]) / got[False][0])
+                    print(f"{name} pair {i}: plain {got[False][0] * 1e3:.2f} ms, goodlens "
+                          f"{got[True][0] * 1e3:.2f} ms ({ratios[-1]:+.2%}); CPU per step "
+                          f"{got[False][1] * 1e3:.2f} -> {got[True][1] * 1e3:.2f} ms",
+                          file=sys.stderr)
+                ci, cc = median_ci(np.array(ratios)), median_ci(np.array(cpu))
                 rows.append([name, f"{statistics.median(plain) * 1e3:.2f}",
                              f"{statistics.median(instr) * 1e3:.2f}",
-                             f"{ci[0]:+.2%} [{ci[1]:+.2%}, {ci[2]:+.2%}]", verdict(ci)])
+                             f"{ci[0]:+.2%} [{ci[1]:+.2%}, {ci[2]:+.2%}]", verdict(ci),
+                             f"{cc[0]:+.2%} [{cc[1]:+.2%}, {cc[2]:+.2%}]"])
     finally:
         sink.stop()
     print(f"{machine()}; {args.nproc} ranks, {args.steps} steps ({args.skip} skipped), "
           f"{args.compute_ms:g} ms planted compute, {args.pairs} pairs")
     print(table(rows, ["framework", "plain step (ms)", "goodlens step (ms)",
-                       "overhead, median [95% CI]", "<= 1%"]))
+                       "overhead, median [95% CI]", "<= 1%",
+                       "CPU per step over plain, in % of the plain step [95% CI]"]))
     return 0
 
 

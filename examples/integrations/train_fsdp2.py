@@ -114,7 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-goodlens", action="store_true",
                    help="the same job without goodlens (the overhead benchmark's baseline)")
     p.add_argument("--times-out", default=None,
-                   help="rank 0 writes its step wall times (s), one per line, to this file")
+                   help="rank 0 writes each step's wall time and its process CPU time at the "
+                        "step's end (s), one step per line, to this file")
     p.add_argument("--flush-interval", type=float, default=0.2,
                    help="exporter flush interval in seconds (tests: 0.2; the default 1.0)")
     add_fault_args(p)
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = Batches(rank, faults)
     lo, hi = (int(v) for v in args.rs_delay_steps.split(":"))
     compute_s = args.compute_ms / 1000.0
-    wall: list[float] = []
+    wall: list[tuple[float, float]] = []
     for step in range(start, args.steps):
         t0 = time.time()
         if delay is not None:
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             loss_fn(model(x), y).backward()
             opt.step()
         t1 = time.time()
-        wall.append(t1 - t0)
+        wall.append((t1 - t0, time.process_time()))
         clock.write("step", step=step, t0=t0, t1=t1)
         if args.ckpt_every > 0 and (step + 1) % args.ckpt_every == 0:
             s0 = time.time()
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                                exp, step)  # goodlens: save stall and bytes
             clock.write("save", t0=s0, t1=time.time(), step=step)
     if args.times_out and rank == 0:
-        Path(args.times_out).write_text("".join(f"{w}\n" for w in wall))
+        Path(args.times_out).write_text("".join(f"{w} {c}\n" for w, c in wall))
     gl.attempt_end(exp, "completed", step=args.steps - 1)  # goodlens: the run finished
     exp.close()  # goodlens: flush
     dist.barrier()

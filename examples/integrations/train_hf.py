@@ -144,7 +144,7 @@ class JobTrainer(Trainer):
 class StepClock(TrainerCallback):
     """The job's ``step`` lines: from the fetch's start (the trainer's) to ``on_step_end``."""
 
-    def __init__(self, trainer: JobTrainer, wall: list[float]) -> None:
+    def __init__(self, trainer: JobTrainer, wall: list[tuple[float, float]]) -> None:
         self.trainer, self.wall = trainer, wall
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -152,7 +152,7 @@ class StepClock(TrainerCallback):
         t1 = time.time()
         t.clock.write("step", step=state.global_step - 1, t0=t.t_step, t1=t1)
         t.stepped = True
-        self.wall.append(t1 - t.t_step)
+        self.wall.append((t1 - t.t_step, time.process_time()))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -172,7 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-goodlens", action="store_true",
                    help="the same job without goodlens (the overhead benchmark's baseline)")
     p.add_argument("--times-out", default=None,
-                   help="rank 0 writes its step wall times (s), one per line, to this file")
+                   help="rank 0 writes each step's wall time and its process CPU time at the "
+                        "step's end (s), one step per line, to this file")
     p.add_argument("--flush-interval", type=float, default=0.2,
                    help="exporter flush interval in seconds (tests: 0.2; the default 1.0)")
     add_fault_args(p)
@@ -228,14 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     resume = newest_checkpoint(Path(args.ckpt_dir))
     trainer = make_trainer(args, faults, world)
     trainer.setup_job(clock, faults, args.compute_ms / 1000.0, args.eval_ms / 1000.0)
-    wall: list[float] = []
+    wall: list[tuple[float, float]] = []
     trainer.add_callback(StepClock(trainer, wall))
     if not args.no_goodlens:  # goodlens: steps, data and collective wait, saves, eval, restore
         glhf.instrument(trainer, run_id=args.run_id, url=args.url,
                         flush_interval_s=args.flush_interval)
     trainer.train(resume_from_checkpoint=resume)
     if args.times_out and rank == 0:
-        Path(args.times_out).write_text("".join(f"{w}\n" for w in wall))
+        Path(args.times_out).write_text("".join(f"{w} {c}\n" for w, c in wall))
     dist.barrier()
     del trainer  # the DDP module before the group (DDP teardown hang)
     gc.collect()

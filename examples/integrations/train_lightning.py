@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-goodlens", action="store_true",
                    help="the same job without the callback (the overhead benchmark's baseline)")
     p.add_argument("--times-out", default=None,
-                   help="rank 0 writes its step wall times (s), one per line, to this file")
+                   help="rank 0 writes each step's wall time and its process CPU time at the "
+                        "step's end (s), one step per line, to this file")
     add_fault_args(p)
     return p.parse_args(argv)
 
@@ -139,7 +140,7 @@ class Job(pl.LightningModule):
                                  nn.Linear(args.hidden, 1))
         self.args, self.data, self.faults, self.clock = args, data, faults, clock
         self.loss_fn = nn.MSELoss()
-        self.wall: list[float] = []
+        self.wall: list[tuple[float, float]] = []
         self._eval_t0 = 0.0
 
     def training_step(self, xy: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> Any:
@@ -155,7 +156,7 @@ class Job(pl.LightningModule):
         super().optimizer_step(*args, **kwargs)
         t1 = time.time()
         t0 = self.data.fetch_t0.pop(step, t1)
-        self.wall.append(t1 - t0)
+        self.wall.append((t1 - t0, time.process_time()))
         self.clock.write("step", step=step, t0=t0, t1=t1)
 
     def validation_step(self, xy: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.fit(model, train_dataloaders=train,
                 val_dataloaders=val if args.val_every > 0 else None, ckpt_path=resume)
     if args.times_out and rank == 0:
-        Path(args.times_out).write_text("".join(f"{w}\n" for w in model.wall))
+        Path(args.times_out).write_text("".join(f"{w} {c}\n" for w, c in model.wall))
     dist.barrier()
     dist.destroy_process_group()
     return 0
