@@ -80,6 +80,7 @@ bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/scaleout.py
 	$(BIN)/python bench/cluster.py
 	$(BIN)/python bench/torch_overhead.py
+	$(BIN)/python bench/integrations.py
 
 screenshots: $(VENV)/.stamp-test system-deps
 	$(BIN)/python docs/screenshots.py
