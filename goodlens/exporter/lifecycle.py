@@ -45,6 +45,7 @@ keeps sending what was recorded.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -285,3 +286,22 @@ def uninstall() -> None:
                     signal.signal(signum, prev)
             _S.previous.clear()
         _S.pending = None
+
+
+def guarded(fn: Callable[..., Any], logger: logging.Logger) -> Callable[..., Any]:
+    """``fn`` that never raises into training: a failure is logged on ``logger``, once per
+    wrapped function, and the call returns None (the framework integrations' hooks)."""
+    warned: list[bool] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            if not warned:
+                warned.append(True)
+                logger.warning("goodlens: %s failed; training goes on without it",
+                               fn.__name__, exc_info=True)
+            return None
+
+    return call

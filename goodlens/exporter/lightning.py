@@ -36,7 +36,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from functools import wraps
 from time import perf_counter
 from typing import Any
 
@@ -44,6 +43,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
+from goodlens.exporter import lifecycle
 from goodlens.exporter import torch as gl
 from goodlens.exporter.recorder import RankExporter
 from goodlens.model.schema import EventKind
@@ -120,21 +120,8 @@ class _StepTracker:
 
 
 def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A hook that never raises into training: a failure is logged (once per hook)."""
-    warned: list[bool] = []
-
-    @wraps(fn)
-    def hook(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception:
-            if not warned:
-                warned.append(True)
-                log.warning("goodlens: %s failed; training goes on without it", fn.__name__,
-                            exc_info=True)
-            return None
-
-    return hook
+    """``fn`` that never raises into training (:func:`goodlens.exporter.lifecycle.guarded`)."""
+    return lifecycle.guarded(fn, log)
 
 
 def _file_bytes(path: Any) -> int | None:

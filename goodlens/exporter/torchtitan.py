@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
 from typing import Any
 
+from goodlens.exporter import lifecycle
 from goodlens.exporter import torch as gl
 from goodlens.exporter.recorder import RankExporter
 from goodlens.model.schema import EventKind
@@ -79,21 +80,8 @@ _REGISTRY_PREFIXES = ("torchtitan.models", "torchtitan.experiments",
 
 
 def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` that never raises: a failure is logged (once per wrapped function)."""
-    warned: list[bool] = []
-
-    @wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception:
-            if not warned:
-                warned.append(True)
-                log.warning("goodlens: %s failed; training goes on without it", fn.__name__,
-                            exc_info=True)
-            return None
-
-    return call
+    """``fn`` that never raises into training (:func:`goodlens.exporter.lifecycle.guarded`)."""
+    return lifecycle.guarded(fn, log)
 
 
 @_guarded
