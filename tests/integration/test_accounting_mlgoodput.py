@@ -13,11 +13,13 @@ How their timelines become ours:
   until the job ends, if it ended). Ours are step records with a start and a duration, so each
   step N here lasts from their start of N to their start of N+1.
 - Their TPU initialization, training preparation and (first, synchronous) data loading, and any
-  unrecorded time before the first step (their OTHER), are our ``restart.init``: attempt start
-  to first step, for the first attempt too. We record ``init_start``/``init_end`` where they
-  record TPU init; goodlens stores them but does not split ``init`` by them today.
+  unrecorded time before the first step (their OTHER), are our ``init``: attempt start to
+  first step, ``startup.init`` for the first attempt and ``restart.init`` for a later one. We
+  record ``init_start``/``init_end`` where they record TPU init; goodlens stores them but does
+  not split ``init`` by them today.
 - Their PROGRAM_STARTUP (first step's time beyond the average of the segment's other steps) is
-  our ``restart.warmup`` (first step's excess over the attempt's *median* step).
+  our ``warmup`` (first step's excess over the attempt's *median* step): ``startup.warmup``
+  for the first attempt, ``restart.warmup`` for a later one.
 - Their WASTED_PROGRESS_FROM_DISRUPTION (steps at or beyond the restart step, timed start to
   next start) is our ``recompute``; our ``recompute`` also holds the step in flight at the
   failure, which they put in INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION (last step start to the
@@ -27,11 +29,12 @@ How their timelines become ours:
 - Their data loading *inside* steps (DATA_LOADING_ASYNC) is productive in both tools; goodlens
   has no data-loading badput: a step's ``data_wait_s`` is stored but stays in ``productive``.
 
-Two tests encode behaviour being added right now (they fail until it lands; nothing here is
-xfail): a custom interval recorded *inside* a step record is taken out of productive into
+Some tests encode behaviour added with this comparison: a custom interval recorded *inside*
+a step record is taken out of productive into
 ``other_parts[label]``, and a ``failure`` event (the instant the failure happened) ends the
 in-flight step's recompute there, with ``restart.detection`` from it to ``failure_detected``.
-docs/_mlgoodput_comparison.md has the side-by-side numbers.
+docs/accounting.md ("Compared with ml-goodput-measurement") has the side-by-side
+numbers.
 """
 
 from __future__ import annotations
@@ -73,9 +76,18 @@ class Run:
                        "attempt": attempt, **{k: [v] for k, v in fields.items()}}})])
         self.seq += 1
 
-    def breakdown(self):
+    def breakdown(self, since: float | None = None, until: float | None = None, *,
+                  as_of: float | None = None, now: float | None = None,
+                  exclude: tuple[str, ...] = ()):
+        """The run's breakdown, or of the window ``[since, until]``; ``as_of``: the run as
+        known at that instant; ``now``: the clock for a run in progress (all seconds after
+        T0); ``exclude``: as ``goodlens report --exclude``."""
         self.store.summarize_dirty()
-        return account_run(self.store, self.run_id).breakdown()
+        acc = account_run(self.store, self.run_id,
+                          now=None if now is None else T0 + now,
+                          as_of=None if as_of is None else T0 + as_of)
+        return acc.breakdown(None if since is None else T0 + since,
+                             None if until is None else T0 + until, exclude=exclude)
 
 
 def approx(x: float):
@@ -83,9 +95,10 @@ def approx(x: float):
 
 
 def assert_partition(b) -> None:
-    """The buckets, restart parts and other parts add up (goodlens's own invariant)."""
+    """The buckets, startup, restart and other parts add up (goodlens's own invariant)."""
     values = [v for v in b.buckets.values() if v is not None]
     assert sum(values) == approx(b.wall_clock_s)
+    assert sum(b.startup_parts.values()) == approx(b.buckets["startup"])
     assert sum(b.restart_parts.values()) == approx(b.buckets["restart"])
     assert sum(b.other_parts.values()) == approx(b.buckets["other"])
 
@@ -122,9 +135,10 @@ def test_clean_run(store):
     assert b.wall_clock_s == approx(20.0)  # their total_time: job end - job start
     assert b.buckets["productive"] == approx(15.0)  # their productive: 5 steps x 3 s
     assert b.goodput == approx(0.75)  # their expected_goodput 75.0 (%)
-    # their OTHER 5 s (start-up nobody recorded) -> our restart.init: attempt start to first
+    # their OTHER 5 s (start-up nobody recorded) -> our startup.init: attempt start to first
     # step is start-up by definition in goodlens, recorded or not
-    assert b.restart_parts["init"] == approx(5.0)
+    assert b.startup_parts["init"] == approx(5.0)
+    assert b.buckets["restart"] == approx(0.0)
     assert b.buckets["straggler_wait"] == approx(0.0)  # no such type in theirs
     assert b.buckets["other"] == approx(0.0)
     # they return the last productive step number (4); we count steps (0-4 kept)
@@ -147,11 +161,12 @@ def test_program_startup(store):
     assert b.wall_clock_s == approx(25.0)  # their total_time
     assert b.goodput == approx(15 / 25)  # their goodput 60%
     assert b.buckets["productive"] == approx(15.0)  # 5 steps x 3 s
-    # TPU_INITIALIZATION 1 + TRAINING_PREP 2 + DATA_LOADING_SYNC 2 -> restart.init 5 (one part;
+    # TPU_INITIALIZATION 1 + TRAINING_PREP 2 + DATA_LOADING_SYNC 2 -> startup.init 5 (one part;
     # goodlens does not split start-up by init_start/init_end or data loading today)
-    assert b.restart_parts["init"] == approx(1 + 2 + 2)
-    # PROGRAM_STARTUP 5 (first step 8 s - average 3 s) -> restart.warmup 5 (8 s - median 3 s)
-    assert b.restart_parts["warmup"] == approx(5.0)
+    assert b.startup_parts["init"] == approx(1 + 2 + 2)
+    # PROGRAM_STARTUP 5 (first step 8 s - average 3 s) -> startup.warmup 5 (8 s - median 3 s)
+    assert b.startup_parts["warmup"] == approx(5.0)
+    assert b.buckets["restart"] == approx(0.0)
     assert b.buckets["recompute"] == approx(0.0)
     assert b.buckets["other"] == approx(0.0)  # their OTHER: 0
 
@@ -194,11 +209,14 @@ def test_disruption_with_wasted_progress(store):
     # INFRASTRUCTURE_RECOVERY 8 (22 -> 30) = in-flight step 3 (above) + detection + queue:
     assert b.restart_parts["detection"] == approx(27 - 25)  # partial step's end -> detected
     assert b.restart_parts["queue"] == approx(30 - 27)  # detected -> attempt 1 starts
-    # PROGRAM_STARTUP 10 (5 s extra in the first step of each segment) -> restart.warmup 10
-    assert b.restart_parts["warmup"] == approx(5 + 5)
-    # TPU_INITIALIZATION 1 + TRAINING_PREP 2 + data loading 2 (attempt 0) and their OTHER
-    # (attempt 1's unrecorded 5 s start-up) -> restart.init 5 + 5
-    assert b.restart_parts["init"] == approx(5 + 5)
+    # PROGRAM_STARTUP 10 (5 s extra in the first step of each segment) -> startup.warmup 5
+    # (attempt 0) + restart.warmup 5 (attempt 1)
+    assert b.startup_parts["warmup"] == approx(5.0)
+    assert b.restart_parts["warmup"] == approx(5.0)
+    # TPU_INITIALIZATION 1 + TRAINING_PREP 2 + data loading 2 (attempt 0) -> startup.init 5;
+    # their OTHER (attempt 1's unrecorded 5 s start-up) -> restart.init 5
+    assert b.startup_parts["init"] == approx(5.0)
+    assert b.restart_parts["init"] == approx(5.0)
     assert b.buckets["other"] == approx(0.0)
     assert b.steps == {"kept": 5, "recomputed": 2, "incomplete": 0}
 
@@ -206,9 +224,9 @@ def test_disruption_with_wasted_progress(store):
 def test_disruption_with_a_failure_event(store):
     """The same timeline with the new ``failure`` event. Their model cannot say when, in the
     22-30 gap, the failure happened (they charge all of it from step 4's start to the restart);
-    here it happened 1.5 s into step 4, at 23.5, and was detected at 27. NEW behaviour: the
-    in-flight step is recompute up to the failure instant (not one median step), detection runs
-    from the failure to failure_detected. Fails until the ``failure`` kind lands."""
+    here it happened 1.5 s into step 4, at 23.5, and was detected at 27. goodlens's in-flight
+    step is recompute up to the failure instant (not one median step), and detection runs
+    from the failure to failure_detected."""
     b = _disruption_run(store, failure_at=23.5).breakdown()
     assert_partition(b)
     assert b.wall_clock_s == approx(49.0)
@@ -218,9 +236,143 @@ def test_disruption_with_a_failure_event(store):
     assert b.restart_parts["detection"] == approx(27 - 23.5)  # failure -> failure_detected
     assert b.restart_parts["queue"] == approx(30 - 27)
     # their INFRASTRUCTURE_RECOVERY 8 is still in-flight part + detection + queue = 1.5+3.5+3
-    assert b.restart_parts["warmup"] == approx(10.0)  # their PROGRAM_STARTUP 10
-    assert b.restart_parts["init"] == approx(10.0)  # their start-up types + OTHER
+    # their PROGRAM_STARTUP 10 -> startup.warmup 5 (attempt 0) + restart.warmup 5 (attempt 1)
+    assert b.startup_parts["warmup"] == approx(5.0)
+    assert b.restart_parts["warmup"] == approx(5.0)
+    # their start-up types (attempt 0) -> startup.init 5; OTHER (attempt 1) -> restart.init 5
+    assert b.startup_parts["init"] == approx(5.0)
+    assert b.restart_parts["init"] == approx(5.0)
     assert b.steps == {"kept": 5, "recomputed": 2, "incomplete": 0}
+
+
+# Their test_goodput_badput_with_interval_query (goodput_test.py) records the disruption
+# timeline above and queries two windows with get_job_goodput_interval: the whole job
+# [job start - 1 us, 49] and [job start - 1 us, 25], which ends at their loop's end, before
+# the disruption is known (step 4 started at 22 and was still running at 25).
+#
+# Their interval query reads only the records inside the window, and its total is
+# min(until, last record in the window) - max(since, first record): for [0, 25] that is
+# 22 - 0 = 22 s, because step 4's start at 22 is the last record. The 3 s of step 4 in flight
+# (22-25) are in no type and out of the total. goodlens's window is until - since, clipped
+# to the run: 25 s, every second in a bucket. Hence 12/22 = 54.5% against 12/25 = 48.0%.
+# Their own cumulative query (get_job_goodput) asked at 25 s, on the records up to 25 s, also
+# gives 12/25 = 48.0%, with OTHER 3 s (their v0.2.3 calculator run on these records).
+
+def _live_until_25(store) -> Run:
+    """The same job as recorded by 25 s, while it still ran: attempt 0's start-up and steps
+    0-3, step 4 in flight since 22, nothing known of the failure."""
+    run = Run(store)
+    start_up(run, 0, 0)
+    run.steps(0, 0, A0_STARTS, A0_ENDS)
+    return run
+
+
+def test_interval_query_whole_job(store):
+    """test_goodput_badput_with_interval_query, first window [job start - 1 us, 49]: the whole
+    job, the same numbers as test_disruption_with_wasted_progress. Theirs (asserted): total
+    49 s, goodput 15/49 = 30.6%, WASTED_PROGRESS 6/49 = 12.2%, 1 disruption, last step 4.
+    goodlens clips the window's start to the run's start, so the 1 us before it is not
+    counted: 49 s, not 49.000001."""
+    b = _disruption_run(store, failure_at=None).breakdown(since=-1e-6, until=49)
+    assert_partition(b)
+    assert b.wall_clock_s == approx(49.0)
+    assert b.goodput == approx(15 / 49)  # theirs 30.6%
+    assert b.buckets["productive"] == approx(15.0)
+    assert b.buckets["recompute"] == approx(6 + 3)  # WASTED_PROGRESS 6 + step 4 in flight
+    assert b.restart_parts["detection"] == approx(2.0)
+    assert b.restart_parts["queue"] == approx(3.0)
+    # attempt 0's start-up: startup (TPU init 1 + prep 2 + data loading 2; PROGRAM_STARTUP 5)
+    assert b.startup_parts["init"] == approx(5.0)
+    assert b.startup_parts["warmup"] == approx(5.0)
+    assert b.buckets["startup"] == approx(5 + 5)
+    # attempt 1's start-up (their OTHER 5; PROGRAM_STARTUP 5) is restart's
+    assert b.restart_parts["init"] == approx(5.0)
+    assert b.restart_parts["warmup"] == approx(5.0)
+    assert b.buckets["restart"] == approx(2 + 3 + 5 + 5)
+    assert b.buckets["checkpoint_stall"] == approx(0.0)
+    assert b.buckets["straggler_wait"] == approx(0.0)
+    assert b.buckets["other"] == approx(0.0)
+
+
+@pytest.mark.parametrize("known", ["as_of_25", "recorded_until_25"])
+def test_interval_query_window_ending_before_the_disruption(store, known):
+    """test_goodput_badput_with_interval_query, second window [job start - 1 us, 25], read as
+    the job was known at 25 s: goodlens ``--as-of 25 --until 25`` on the whole job's records,
+    and the same job as recorded by 25 s while it ran (``now`` = 25). Both must give the same
+    numbers: nothing after the window's end may move them.
+
+    Theirs (asserted): total 22 s (the window ends at the last record in it, step 4's start
+    at 22), productive 12 s (steps 0-3, each start to next start: 8 + 3 + 3 + 3, less
+    PROGRAM_STARTUP 5), goodput 12/22 = 54.5%, WASTED_PROGRESS 0, 0 disruptions, last step 3.
+    Their calculator: TPU_INITIALIZATION 1, TRAINING_PREP 2, DATA_LOADING_SYNC 2,
+    PROGRAM_STARTUP 5, OTHER 0 (1 + 2 + 2 + 5 + 12 = 22).
+
+    goodlens: 25 s = startup.init 5 (0-5) + startup.warmup 5 (step 0's 8 s - median 3 s) +
+    productive 12 (3 + 3 + 3 + 3: steps 0-3) + other.since_last_step 3 (22-25: step 4 in
+    flight, not known to have ended or failed); goodput 12/25 = 48.0%. The same 48.0% as
+    their cumulative query at 25 s (OTHER 3 s there). Their 54.5% is goodlens's window with
+    ``--exclude since_last_step``: 12 / (25 - 3)."""
+    if known == "as_of_25":
+        run, at = _disruption_run(store, failure_at=None), {"as_of": 25}
+    else:
+        run, at = _live_until_25(store), {"now": 25}
+    b = run.breakdown(since=-1e-6, until=25, **at)
+    assert_partition(b)
+    assert b.wall_clock_s == approx(25.0)  # theirs 22: 22-25 left out of the window
+    assert b.goodput == approx(12 / 25)  # theirs 12/22 = 54.5%
+    assert b.buckets["productive"] == approx(12.0)  # their productive 12
+    # TPU_INITIALIZATION 1 + TRAINING_PREP 2 + DATA_LOADING_SYNC 2 -> startup.init 5
+    assert b.startup_parts["init"] == approx(5.0)
+    assert b.startup_parts["warmup"] == approx(5.0)  # PROGRAM_STARTUP 5
+    assert b.buckets["startup"] == approx(5 + 5)
+    assert b.buckets["restart"] == approx(0.0)  # no failure known at 25 s
+    # step 4 from 22 to the window's end: in their total only in the cumulative query (OTHER)
+    assert b.other_parts == {"since_last_step": approx(3.0)}
+    assert b.buckets["recompute"] == approx(0.0)  # WASTED_PROGRESS 0: no rollback known
+    assert b.buckets["checkpoint_stall"] == approx(0.0)
+    assert b.buckets["straggler_wait"] == approx(0.0)
+    assert b.in_progress  # at 25 s the job was running
+    whole = run.breakdown(**at)
+    assert whole.wall_clock_s == approx(25.0)  # the run as known at 25 s is this window
+    # their last step 3 and 0 disruptions: steps 0-3 done, none rolled back
+    assert whole.steps == {"kept": 4, "recomputed": 0, "incomplete": 0}
+    # their 54.5%: the window without the time after its last record
+    theirs = run.breakdown(since=-1e-6, until=25, exclude=("since_last_step",), **at)
+    assert theirs.wall_clock_s == approx(22.0)
+    assert theirs.goodput == approx(12 / 22)
+    assert theirs.excluded == {"since_last_step": approx(3.0)}
+
+
+@pytest.mark.parametrize("failure_at", [None, 23.5])
+def test_interval_query_window_ending_before_the_disruption_with_hindsight(store, failure_at):
+    """The same window [job start - 1 us, 25] cut from the whole job's accounting (goodlens's
+    default, no ``--as-of``): with hindsight, attempt 1 restarted from step 2, so steps 2 and 3
+    (16-22) were lost even though the window ends before anyone knew. Their interval query
+    reads only the window's records and cannot say so (WASTED_PROGRESS 0, goodput 54.5%).
+
+    No ``failure`` event: 25 s = startup.init 5 + startup.warmup 5 + productive 6 (steps 0,
+    1: 3 + 3) + recompute 9 (steps 2-3: 6, step 4 in flight from 22 estimated as one median
+    step: 3); goodput 6/25 = 24.0%. A ``failure`` at 23.5: recompute 6 + 1.5 (22-23.5) and
+    restart.detection 1.5 (23.5 to the window's end; it runs on to failure_detected at 27)."""
+    b = _disruption_run(store, failure_at=failure_at).breakdown(since=-1e-6, until=25)
+    assert_partition(b)
+    assert b.wall_clock_s == approx(25.0)
+    assert b.goodput == approx(6 / 25)
+    assert b.buckets["productive"] == approx(6.0)
+    assert b.startup_parts["init"] == approx(5.0)
+    assert b.startup_parts["warmup"] == approx(5.0)
+    assert b.buckets["startup"] == approx(5 + 5)
+    if failure_at is None:
+        assert b.buckets["recompute"] == approx(6 + 3)
+        assert b.restart_parts["detection"] == approx(0.0)
+    else:
+        assert b.buckets["recompute"] == approx(6 + 1.5)
+        assert b.restart_parts["detection"] == approx(25 - 23.5)
+    assert b.restart_parts["queue"] == approx(0.0)
+    assert b.buckets["restart"] == approx(0.0 if failure_at is None else 1.5)
+    assert b.buckets["other"] == approx(0.0)
+    assert b.buckets["checkpoint_stall"] == approx(0.0)
+    assert b.buckets["straggler_wait"] == approx(0.0)
 
 
 def test_synchronous_checkpoint_save_and_restore(store):
@@ -237,7 +389,7 @@ def test_synchronous_checkpoint_save_and_restore(store):
     5 s start-up (39-41). goodlens then keeps productive at 15: the save is stall, not
     taken out of steps that were never slowed. (Their calculator on this 55 s timeline gives
     productive 20 - the save inflates the average step, hiding attempt 0's 5 s first-step
-    extra - see docs/_mlgoodput_comparison.md.)"""
+    extra - see docs/accounting.md.)"""
     run = Run(store)
     start_up(run, 0, 0)
     run.steps(0, 0, [5, 13, 22, 25], [13, 16, 25, 28])  # steps 0-3; step 4 in flight from 28
@@ -256,16 +408,20 @@ def test_synchronous_checkpoint_save_and_restore(store):
     assert b.goodput == approx(15 / 55)
     # UNPRODUCTIVE_CHECKPOINT_SAVE_TIME 6 -> checkpoint_stall 6
     assert b.buckets["checkpoint_stall"] == approx(6.0)
-    # UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME 2 -> restart.restore 2
+    # UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME 2 -> restart.restore 2 (attempt 1's start-up)
     assert b.restart_parts["restore"] == approx(2.0)
+    assert b.startup_parts["restore"] == approx(0.0)
     # WASTED_PROGRESS 6 (steps 2, 3) -> recompute 6, + the in-flight step 4 (one median step)
     assert b.buckets["recompute"] == approx(6 + 3)
     # INFRASTRUCTURE_RECOVERY 8 (28 -> 36) = 3 (above) + detection 2 + queue 3
     assert b.restart_parts["detection"] == approx(2.0)
     assert b.restart_parts["queue"] == approx(3.0)
-    # PROGRAM_STARTUP 10 -> warmup 10; start-up 5 + (5 - 2 restore) -> init 8
-    assert b.restart_parts["warmup"] == approx(10.0)
-    assert b.restart_parts["init"] == approx(5 + 3)
+    # PROGRAM_STARTUP 10 -> startup.warmup 5 + restart.warmup 5; start-up 5 -> startup.init 5,
+    # attempt 1's 5 - 2 restore -> restart.init 3
+    assert b.startup_parts["warmup"] == approx(5.0)
+    assert b.restart_parts["warmup"] == approx(5.0)
+    assert b.startup_parts["init"] == approx(5.0)
+    assert b.restart_parts["init"] == approx(3.0)
     assert b.buckets["other"] == approx(0.0)
 
 
@@ -292,9 +448,11 @@ def test_custom_eval_between_steps(store):
     # CUSTOM_BADPUT_EVENTS['EVAL_STEP'] 5 -> other.eval_step 5 (we keep the label's case;
     # they upper-case it)
     assert b.other_parts == {"eval_step": approx(5.0)}
-    # TPU_INITIALIZATION 1 + OTHER 5 (unrecorded program startup before step 0) -> init 6
-    assert b.restart_parts["init"] == approx(6.0)
-    assert b.restart_parts["warmup"] == approx(0.0)  # PROGRAM_STARTUP 0
+    # TPU_INITIALIZATION 1 + OTHER 5 (unrecorded program startup before step 0) ->
+    # startup.init 6
+    assert b.startup_parts["init"] == approx(6.0)
+    assert b.startup_parts["warmup"] == approx(0.0)  # PROGRAM_STARTUP 0
+    assert b.buckets["restart"] == approx(0.0)
 
 
 def test_custom_eval_inside_steps(store):
@@ -307,8 +465,7 @@ def test_custom_eval_inside_steps(store):
     TPU_INITIALIZATION 1, TRAINING_PREP 2, DATA_LOADING_SYNC 2, OTHER 4 (the pauses),
     DATA_LOADING_ASYNC 10 (in-step data loading; not badput: excluded from their sum).
     Their label is 'test_sync'; here it is 'eval'.
-    NEW behaviour: a custom interval inside a step record leaves productive for
-    other_parts[label]. Fails until that lands (today the 20 s stay productive)."""
+    A custom interval inside a step record leaves productive for other_parts[label]."""
     run = Run(store)
     run.event("attempt_start", 0, 0)
     run.event("init_start", 1, 0)
@@ -328,11 +485,11 @@ def test_custom_eval_inside_steps(store):
     assert b.goodput == approx(25 / 54)  # theirs 46.3%
     # CUSTOM_BADPUT_EVENTS['TEST_SYNC'] 20 -> other.eval 20
     assert b.other_parts == {"eval": approx(20.0)}
-    # TPU init 1 + prep 2 + sync data loading 2 + OTHER 4 (pauses) -> restart.init 9
-    assert b.restart_parts["init"] == approx(9.0)
+    # TPU init 1 + prep 2 + sync data loading 2 + OTHER 4 (pauses) -> startup.init 9
+    assert b.startup_parts["init"] == approx(9.0)
     # their PROGRAM_STARTUP 0: the labelled eval is taken out of step 0 before its excess over
     # the median step is judged, so the eval is not mistaken for warm-up (15 s - 5 s median)
-    assert b.restart_parts["warmup"] == approx(0.0)
+    assert b.startup_parts["warmup"] == approx(0.0)
     assert b.buckets["checkpoint_stall"] == approx(0.0)
 
 
@@ -340,7 +497,7 @@ def test_custom_eval_inside_a_middle_step(store):
     """A reduced form of the previous timeline, free of the first-step question: only the
     step-3 eval (the run is 10 s shorter). Their calculator's rule (a custom interval within
     one step's start-to-next-start is subtracted from that step) gives productive 25 and
-    CUSTOM_BADPUT_EVENTS 10. NEW behaviour; fails until it lands."""
+    CUSTOM_BADPUT_EVENTS 10."""
     run = Run(store)
     run.event("attempt_start", 0, 0)
     run.steps(0, 0, [9, 14, 19, 24, 39], [14, 19, 24, 39, 44])
@@ -352,5 +509,5 @@ def test_custom_eval_inside_a_middle_step(store):
     assert b.wall_clock_s == approx(44.0)
     assert b.buckets["productive"] == approx(25.0)  # 5 steps x 5 s
     assert b.other_parts == {"eval": approx(10.0)}  # CUSTOM_BADPUT_EVENTS 10
-    assert b.restart_parts["init"] == approx(9.0)  # start-up before step 0
-    assert b.restart_parts["warmup"] == approx(0.0)
+    assert b.startup_parts["init"] == approx(9.0)  # start-up before step 0
+    assert b.startup_parts["warmup"] == approx(0.0)
