@@ -16,6 +16,7 @@ rank finding, a one-host switch's host a host finding).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,15 +40,24 @@ class Topology:
     @classmethod
     def from_hosts(cls, rank_hosts: Sequence[str], nodes_per_switch: int | None = None
                    ) -> Topology:
-        """Build from each rank's host name; hosts are numbered by their lowest rank and host
-        k sits behind switch ``k // nodes_per_switch`` (the simulator's and a rail layout's)."""
+        """Build from each rank's host name (hosts are indexed by their lowest rank). With
+        ``nodes_per_switch``, the k-th host in the natural order of the host *names*
+        (``node-2`` before ``node-10``) sits behind switch ``k // nodes_per_switch`` (the
+        simulator's and a rail layout's): where a host sits is in its name, not in which
+        ranks it was given. A launcher need not hand out ranks in host-name order (an
+        elastic rendezvous numbers nodes in arrival order); counting hosts by their lowest
+        rank then put hosts of different switches behind one, and a slow switch was named
+        as another switch holding some of its hosts."""
         names: dict[str, int] = {}
         idx = np.array([names.setdefault(str(h), len(names)) for h in rank_hosts], np.int64)
         sw = None
         if nodes_per_switch is not None:
             if nodes_per_switch < 1:
                 raise ValueError("nodes_per_switch must be >= 1")
-            sw = np.arange(len(names), dtype=np.int64) // nodes_per_switch
+            hosts = list(names)
+            by_name = sorted(range(len(hosts)), key=lambda h: _natural_key(hosts[h]))
+            sw = np.empty(len(names), np.int64)
+            sw[by_name] = np.arange(len(names), dtype=np.int64) // nodes_per_switch
         return cls(idx, tuple(names), sw)
 
     @classmethod
@@ -69,6 +79,12 @@ class Topology:
     def switch_name(self, index: int) -> int | str:
         """How a switch is named in findings: its name from the map, else its index."""
         return self.switch_names[index] if self.switch_names else int(index)
+
+
+def _natural_key(name: str) -> tuple[str | int, ...]:
+    """Sort key of a host name with its digit runs as numbers (``node-2`` before
+    ``node-10``, ``10.0.1.2`` before ``10.0.1.12``)."""
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", name)))
 
 
 def _groups(parent: np.ndarray, n_parents: int) -> tuple[np.ndarray, np.ndarray]:
