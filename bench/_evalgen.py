@@ -24,8 +24,16 @@ Noise model (every parameter drawn per trace from a seeded ``numpy`` Generator):
   trace with a lognormal CV of 3% per step.
 
 Topology: 8 ranks per host (host ``h`` named ``node-%04d``), 4 hosts per switch (switch
-index ``h // 4``). Slowdowns multiply the planted ranks' ready time from the onset on
-(onset ~ U{100..300}); the data-starved cases add to the data wait instead. See ``CASES``.
+index ``h // 4``), ranks laid out host by host in name order; the run's tags say
+``nodes_per_switch: 4`` (:attr:`Trace.tags`). Two cases change the layout, to check that a
+slow switch is named and never a sibling: ``switchrdzv`` gives the hosts their ranks in a
+random order (as an elastic rendezvous numbers nodes in arrival order; a host's ranks stay
+contiguous), with the same ``nodes_per_switch`` tag; ``switchuneven`` also does, and puts
+hosts of 8, 8 and 4 ranks behind the slow switch (3 hosts, 20 ranks) and hosts of 8, 4, 8,
+4, 8, 4 and 8 behind the next switch (7 hosts, 44 ranks), every other switch as usual, its
+tags a ``switch_of_host`` map (``leaf-%d``). Slowdowns multiply the planted ranks' ready
+time from the onset on (onset ~ U{100..300}); the data-starved cases add to the data wait
+instead. See ``CASES``.
 """
 
 from __future__ import annotations
@@ -52,7 +60,12 @@ CASES: dict[str, str] = {
     "data20": "one rank's data wait + 20% of the base compute (data-starved)",
     "nested": "a switch 5% from A, a host in it +6% from B > A, a rank in it +10% from C > B",
     "halfswitch": "the switches holding half the ranks 8% slow (one subject per switch)",
+    "switchrdzv": "one switch's 32 ranks 3% slow, hosts given their ranks in a random order",
+    "switchuneven": "one switch 3% slow whose hosts have 8, 8 and 4 ranks, beside a switch "
+                    "of 7 hosts of 8 and 4; hosts in a random rank order",
 }
+#: The hosts (their rank counts) behind the slow switch and the next one in ``switchuneven``.
+UNEVEN_SLOW, UNEVEN_NEXT = (8, 8, 4), (8, 4, 8, 4, 8, 4, 8)
 PLANTED = tuple(c for c in CASES if c != "healthy")
 
 
@@ -137,15 +150,72 @@ def _onset(rng: np.random.Generator, steps: int) -> int:
     return int(rng.integers(100, hi + 1))
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where ranks run: ``rank_host[r]`` the host number of rank r (host ``h`` is named
+    ``host_name(h)``), ``host_switch[h]`` its switch, ``tags`` the run's topology tags."""
+
+    rank_host: np.ndarray
+    host_switch: np.ndarray
+    tags: dict
+
+    def switch_ranks(self, s: int) -> tuple[int, ...]:
+        return tuple(int(r) for r in np.flatnonzero(self.host_switch[self.rank_host] == s))
+
+
+def _standard_layout(n: int) -> Layout:
+    h = np.arange(n) // GPUS_PER_HOST
+    return Layout(h, np.arange(n // GPUS_PER_HOST) // HOSTS_PER_SWITCH,
+                  {"nodes_per_switch": HOSTS_PER_SWITCH})
+
+
+def _shuffled_layout(rng: np.random.Generator, sizes: list[int], host_switch: np.ndarray,
+                     tags: dict) -> Layout:
+    """Hosts of ``sizes`` ranks (host h behind ``host_switch[h]``) given contiguous blocks
+    of ranks in a random host order."""
+    order = rng.permutation(len(sizes))
+    rank_host = np.repeat(order, np.asarray(sizes)[order])
+    return Layout(rank_host, host_switch, tags)
+
+
+def _switch_layout(case: str, rng: np.random.Generator, n: int) -> tuple[Layout, int]:
+    """``switchrdzv`` / ``switchuneven``: (the layout, the slow switch's number)."""
+    n_sw = n // RANKS_PER_SWITCH
+    slow = int(rng.integers(0, n_sw))
+    per_switch = [[GPUS_PER_HOST] * HOSTS_PER_SWITCH for _ in range(n_sw)]
+    if case == "switchuneven":
+        per_switch[slow], per_switch[(slow + 1) % n_sw] = list(UNEVEN_SLOW), list(UNEVEN_NEXT)
+    sizes = [g for hosts in per_switch for g in hosts]
+    host_switch = np.repeat(np.arange(n_sw), [len(h) for h in per_switch])
+    tags: dict = {"nodes_per_switch": HOSTS_PER_SWITCH}
+    if case == "switchuneven":
+        tags = {"switch_of_host": {host_name(h): f"leaf-{int(s)}"
+                                   for h, s in enumerate(host_switch)}}
+    return _shuffled_layout(rng, sizes, host_switch, tags), slow
+
+
 def _plant(case: str, rng: np.random.Generator, n: int, steps: int, base_s: float
-           ) -> tuple[list[Subject], list[_Effect]]:
-    """The case's subjects and the effects that make them (see ``CASES``)."""
+           ) -> tuple[list[Subject], list[_Effect], Layout]:
+    """The case's subjects, the effects that make them (see ``CASES``) and the layout."""
     if case not in CASES:
         raise ValueError(f"unknown case {case!r}")
     if case == "healthy":
-        return [], []
+        return [], [], _standard_layout(n)
     n_hosts, n_sw = n // GPUS_PER_HOST, n // RANKS_PER_SWITCH
     onset = _onset(rng, steps)
+    if case in ("switchrdzv", "switchuneven"):
+        lay, s = _switch_layout(case, rng, n)
+        sid = f"leaf-{s}" if "switch_of_host" in lay.tags else s
+        sub = Subject("switch", sid, lay.switch_ranks(s), onset, 0.03)
+        return [sub], [_Effect(np.array(sub.ranks), onset, mult=1.03)], lay
+    subs, effects = _plant_standard(case, rng, n, n_hosts, n_sw, steps, onset, base_s)
+    return subs, effects, _standard_layout(n)
+
+
+def _plant_standard(case: str, rng: np.random.Generator, n: int, n_hosts: int, n_sw: int,
+                    steps: int, onset: int, base_s: float
+                    ) -> tuple[list[Subject], list[_Effect]]:
+    """The cases on the standard layout."""
     simple = {"rank2": ("rank", 0.02), "rank5": ("rank", 0.05), "rank20": ("rank", 0.20),
               "host5": ("host", 0.05), "switch3": ("switch", 0.03)}
     if case in simple:
@@ -202,8 +272,9 @@ def _nested(rng: np.random.Generator, n_sw: int, steps: int, a: int
 
 
 class Trace:
-    """One case at one size and seed: ``hosts`` per rank, ``truth`` (planted subjects) and
-    :meth:`chunks` of ready times. Deterministic in (case, n_ranks, steps, seed, chunk)."""
+    """One case at one size and seed: ``hosts`` per rank, ``tags`` (the topology as a run's
+    tags give it), ``truth`` (planted subjects) and :meth:`chunks` of ready times.
+    Deterministic in (case, n_ranks, steps, seed, chunk)."""
 
     def __init__(self, case: str, n_ranks: int, steps: int, seed: int) -> None:
         if n_ranks % RANKS_PER_SWITCH:
@@ -211,9 +282,12 @@ class Trace:
         self.case, self.n, self.steps, self.seed = case, n_ranks, steps, seed
         rng = np.random.default_rng([seed, n_ranks, steps, list(CASES).index(case)])
         self.params = _draw_params(rng, n_ranks, steps)
-        self.truth, self._effects = _plant(case, rng, n_ranks, steps, self.params.base_s)
+        self.truth, self._effects, self.layout = _plant(case, rng, n_ranks, steps,
+                                                        self.params.base_s)
         self._rng = rng
-        self.hosts = [host_name(r // GPUS_PER_HOST) for r in range(n_ranks)]
+        self.hosts = [host_name(int(h)) for h in self.layout.rank_host]
+        self.tags = self.layout.tags
+        """The run's topology tags (``nodes_per_switch`` or ``switch_of_host``)."""
 
     def chunks(self, size: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """(first step, ready seconds [k x n], step duration seconds [k]) for consecutive

@@ -12,7 +12,9 @@ noise (lognormal CV 1-3%, one per trace or one per rank); an evaluation step eve
 steps making that step 2-4x longer on every rank; single-rank spikes (1e-4 per rank-step,
 1.3-2x for 1-3 steps, half in compute, half as extra data wait); clock noise N(0, 0.25-0.75
 ms) with occasional 1 ms rounding and a few coarse-clock ranks; a 0.1-1 ms data wait on every
-rank. 8 ranks per host (``node-0007``), 4 hosts per switch. Cases: ``healthy`` and the
+rank. 8 ranks per host (``node-0007``), 4 hosts per switch (``switchrdzv`` and
+``switchuneven`` change the layout; the detector gets the topology from each trace's tags,
+as from a run's). Cases: ``healthy`` and the
 planted ones in ``_evalgen.CASES`` (onset uniform in [100, 300]; slowdowns multiply the ready
 time, the data-starved ones add 5% / 20% of the base compute to one rank's data wait; nested
 plants a switch 5%, a host in it 6% more, a rank in it 10% more, at onsets A < B < C;
@@ -48,6 +50,7 @@ Targets (from the issue) are printed with PASS/MISS; the exit code is 0.
         [--healthy-rank-steps 1e8] [--healthy-steps 20000] [--window 100]
         [--cost-ranks 16384] [--cost-steps 300] [--jobs 2] [--quick]
         [--cases rank2,healthy] [--set threshold_h=20 --set drift_k_sigmas=0.3]
+        [--subjects]
 
 ``--set`` overrides a ``StragglerConfig`` field for every run (the trade-off between finding
 weak stragglers sooner and false findings is measured that way, with the same traces).
@@ -69,7 +72,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import markdown_section, table
-from bench._evalgen import CASES, HOSTS_PER_SWITCH, PLANTED, Subject, Trace
+from bench._evalgen import CASES, PLANTED, Subject, Trace
 from goodlens.detectors.stragglers import (
     StragglerConfig,
     StragglerDetector,
@@ -80,7 +83,7 @@ from goodlens.detectors.stragglers import (
 ESTIMATE_AFTER = 100
 BIG_CASES = ("rank5", "rank20", "host5", "data5", "data20", "nested", "halfswitch",
              "intermittent")
-SMALL_CASES = ("rank2", "switch3")
+SMALL_CASES = ("rank2", "switch3", "switchrdzv", "switchuneven")
 TARGET_DELAY, SMALL_WITHIN, EST_REL, TARGET_MS, HEALTHY_MIN = 30, 150, 0.20, 2.0, 1e8
 DEFAULTS = dict(ranks="256,2048", seeds=3, steps=1200, healthy_rank_steps=1e8,
                 healthy_steps=20000, cost_ranks=16384, cost_steps=300)
@@ -90,9 +93,8 @@ QUICK = dict(ranks="128", seeds=1, steps=800, healthy_rank_steps=2e6, healthy_st
 
 # ----------------------------------------------------------------------------- scoring
 def _key(f) -> tuple[str, int | str]:
-    kind = str(f.subject_kind)
-    sid = f.subject_id
-    return (kind, str(sid) if kind == "host" else int(sid))
+    sid = f.subject_id   # (a host's name, a switch's name from a map, else a number)
+    return (str(f.subject_kind), sid if isinstance(sid, str) else int(sid))
 
 
 @dataclass
@@ -100,6 +102,7 @@ class SubjectResult:
     subject: Subject
     found_step: int | None = None     # first exact new finding at/after onset
     overlap_step: int | None = None   # first overlapping new finding at/after onset
+    first_named: tuple | None = None  # that finding's (kind, id)
     estimate: float | None = None
     nvidia: bool = False
 
@@ -157,7 +160,7 @@ class Tracker:
         ranks = set(int(r) for r in f.ranks)
         for i, r in enumerate(self.res):
             if r.overlap_step is None and step >= r.subject.onset and ranks & self.rank_sets[i]:
-                r.overlap_step = step
+                r.overlap_step, r.first_named = step, key
         i = self.by_key.get(key)
         if i is None or step < self.res[i].subject.onset:
             self.false.append((key[0], key[1], step, round(float(f.slowdown), 4)))
@@ -196,7 +199,7 @@ def run_trace(case: str, n: int, steps: int, seed: int, window: int,
     (``overrides``: ``StragglerConfig`` fields as (name, value) pairs)."""
     t0 = time.perf_counter()
     trace = Trace(case, n, steps, seed)
-    topo = Topology.from_hosts(trace.hosts, nodes_per_switch=HOSTS_PER_SWITCH)
+    topo = Topology.from_run(trace.hosts, trace.tags)
     det = StragglerDetector(StragglerConfig(**dict(overrides)), n, topo)
     tr = Tracker(trace.truth, det, steps)
     upd = np.empty(steps, np.float32)
@@ -266,7 +269,7 @@ def cost(n: int, steps: int, overrides: tuple = ()) -> tuple[np.ndarray, np.ndar
     and this process's CPU time (another job on the machine moves the first, not the second)."""
     trace = Trace("rank5", n, steps, 99)
     det = StragglerDetector(StragglerConfig(**dict(overrides)), n,
-                            Topology.from_hosts(trace.hosts, nodes_per_switch=HOSTS_PER_SWITCH))
+                            Topology.from_run(trace.hosts, trace.tags))
     ts, cpu = [], []
     for s0, ready, dur in trace.chunks(steps):
         for i in range(len(ready)):
@@ -409,6 +412,23 @@ def targets(stats: dict, sizes: list[int], healthy_total: int, healthy_false: in
     return table(rows, ["target", "cases", "result", "verdict"], markdown=True)
 
 
+def subjects_table(results: list[TraceResult]) -> str:
+    """One row per planted subject: what was named first over its ranks, when, and the
+    findings outside every planted subject in its trace (``--subjects``)."""
+    rows = []
+    for r in sorted(results, key=lambda r: (list(CASES).index(r.case), r.n, r.seed)):
+        for s in r.subjects:
+            first = "-" if s.first_named is None else f"{s.first_named[0]} {s.first_named[1]}"
+            after = None if s.overlap_step is None else s.overlap_step - s.subject.onset
+            rows.append([r.case, f"{r.n:,}", r.seed, f"{s.subject.kind} {s.subject.id}",
+                         s.subject.onset, first, _fmt(after, "d"),
+                         "yes" if s.first_named == s.subject.key else "no",
+                         _fmt(s.delay, "d"), len(r.false)])
+    head = ["case", "ranks", "seed", "planted", "onset", "first named", "after onset",
+            "exact", "delay (exact)", "false in trace"]
+    return table(rows, head, markdown=True)
+
+
 def false_examples(results: list[TraceResult], limit: int = 12) -> list[str]:
     out = []
     for r in results:
@@ -441,6 +461,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{k}={v}" for k, v in QUICK.items()))
     ap.add_argument("--cases", default=",".join(CASES),
                     help="comma-separated cases to run (default: all, healthy included)")
+    ap.add_argument("--subjects", action="store_true",
+                    help="also list every planted subject: what was named first, and when")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a StragglerConfig field for every run, e.g. threshold_h=20")
     args = ap.parse_args(argv)
@@ -501,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
                            "Planted cases: " + "; ".join(f"`{c}` {d}" for c, d in CASES.items()
                                                          if c != "healthy") + ".",
                            planted, notes))
+    if args.subjects:
+        print("\n#### Every planted subject\n")
+        print(subjects_table([r for r in results if r.case != "healthy"]))
     if hres:   # (left out by --cases: no section)
         print(f"\n#### Healthy traces with spikes ({htotal:,} rank-steps in total)\n")
         print(htable)
