@@ -69,4 +69,5 @@ def check_invariants(b) -> None:
     assert all(v >= -1e-9 for v in values)
     assert sum(values) == pytest.approx(b.wall_clock_s, rel=1e-12, abs=1e-9)
     assert sum(b.restart_parts.values()) == pytest.approx(b.buckets["restart"], abs=1e-9)
+    assert sum(b.startup_parts.values()) == pytest.approx(b.buckets["startup"], abs=1e-9)
     assert sum(b.other_parts.values()) == pytest.approx(b.buckets["other"], abs=1e-9)

@@ -18,12 +18,16 @@ each attempt and for any window, by construction. Rules (docs/accounting.md has 
 - **recompute**: steps of an attempt that a later attempt rolled back (a step number at or
   beyond the first step of any later attempt), and the partial step in flight when an attempt
   failed (the time after its last step, up to one median step, before the failure).
-- **restart**: ``detection`` (after the partial step until ``failure_detected``/``preempted``),
-  ``queue`` (from there to the next attempt's start), ``init`` (attempt start to its first
-  step, except restores), ``restore`` (``ckpt_restore_start`` to ``_end``), ``warmup`` (the
-  first step's excess over the attempt's median step: compile, cache fill) and
-  ``unattributed`` (a failure inferred from a step number reappearing in a later attempt, with
-  no event saying when it was detected). The first attempt's start-up counts here too.
+- **startup**: the run's first attempt (the lowest attempt number) from its start to its
+  first step, in the parts ``init`` (except restores), ``restore`` (``ckpt_restore_start``
+  to ``_end``) and ``warmup`` (its first step's excess over its median step: compile, cache
+  fill). Every run pays it once; it is not time lost to a failure.
+- **restart**: from a failure, eviction, preemption or elastic resize to the next step:
+  ``detection`` (after the partial step until ``failure_detected``/``preempted``),
+  ``queue`` (from there to the next attempt's start), and for every later attempt ``init``
+  (attempt start to its first step, except restores), ``restore`` and ``warmup`` as in
+  startup, and ``unattributed`` (a failure inferred from a step number reappearing in a later
+  attempt, with no event saying when it was detected).
 - **other**: everything else, never hidden: ``unexplained`` gaps between steps, user-labelled
   ``custom_begin``/``custom_end`` intervals by label (eval, sdc_check, ...), ``input_stall``
   (the data wait every rank of a kept step had), ``shutdown`` after the last step of a
@@ -68,8 +72,12 @@ from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
-BUCKETS = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart", "other")
+BUCKETS = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "startup",
+           "restart", "other")
+STARTUP_PARTS = ("init", "restore", "warmup")
+"""``startup``: the first attempt's start to its first step (docs/accounting.md)."""
 RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattributed")
+"""``restart``: a failure (eviction, preemption, resize) to the next step."""
 #: Event kinds accounting reads (heartbeats, the most numerous, are not among them).
 ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FAILURE,
                     EventKind.FAILURE_DETECTED,
@@ -94,6 +102,8 @@ class Breakdown:
     """Productive share of wall-clock (0 for an empty window)."""
     buckets: dict[str, float | None]
     """Seconds per bucket; ``straggler_wait`` is None when not measured."""
+    startup_parts: dict[str, float]
+    """``startup`` split as :data:`STARTUP_PARTS` (the first attempt's start-up)."""
     restart_parts: dict[str, float]
     other_parts: dict[str, float]
     gpu_time_goodput: float | None
@@ -155,8 +165,9 @@ class Accounting:
 
     def excluded_keys(self, exclude: Iterable[str] = ()) -> np.ndarray:
         """Which account keys ``exclude`` names (a bool per key): a labelled interval
-        (``eval``, ``maintenance``: ``other:<label>``) or a named part of restart or other
-        (``queue``, ``detection``, ``since_last_step``...), by its name alone."""
+        (``eval``, ``maintenance``: ``other:<label>``) or a named part of startup, restart or
+        other (``queue``, ``detection``, ``since_last_step``...), by its name alone (``init``
+        names both startup's and restart's)."""
         names = {x.strip() for x in exclude if x and x.strip()}
         return np.array([k.split(":", 1)[-1] in names and ":" in k for k in self.keys],
                         dtype=bool)
@@ -177,8 +188,11 @@ class Accounting:
         overlap = np.clip(np.minimum(self.seg_end, hi) - np.maximum(self.seg_start, lo), 0, None)
         out = self.excluded_keys(exclude)
         per_key = np.bincount(self.seg_key, weights=overlap, minlength=len(self.keys))
-        excluded = {k.split(":", 1)[1]: float(v) for k, v, x in
-                    zip(self.keys, per_key.tolist(), out) if x}
+        excluded: dict[str, float] = {}
+        for k, v, x in zip(self.keys, per_key.tolist(), out):
+            if x:  # startup's and restart's part of one name add up
+                name = k.split(":", 1)[1]
+                excluded[name] = excluded.get(name, 0.0) + float(v)
         for name in exclude:
             excluded.setdefault(name.strip(), 0.0)
         overlap = np.where(out[self.seg_key], 0.0, overlap) if out.any() else overlap
@@ -192,6 +206,7 @@ class Accounting:
         if not self.measured:
             buckets["straggler_wait"] = None
         restart = {p: acc.get(f"restart:{p}", 0.0) for p in RESTART_PARTS}
+        startup = {p: acc.get(f"startup:{p}", 0.0) for p in STARTUP_PARTS}
         other = {k.split(":", 1)[1]: v for k, v in acc.items() if k.startswith("other:") and v}
         gpu = {b: sum(v for k, v in gacc.items() if k.split(":")[0] == b) for b in BUCKETS}
         allocated = self.gpus_allocated * wall
@@ -202,7 +217,7 @@ class Accounting:
         return Breakdown(
             run=self.run, start=float(lo), end=float(hi), wall_clock_s=wall,
             goodput=buckets["productive"] / wall if wall > 0 else 0.0,
-            buckets=buckets, restart_parts=restart, other_parts=other,
+            buckets=buckets, restart_parts=restart, other_parts=other, startup_parts=startup,
             gpu_time_goodput=(gpu["productive"] / allocated) if allocated > 0 else None,
             gpu_seconds=gpu,
             straggler_wait_measured=(self.measured_time / self.step_time
@@ -351,7 +366,7 @@ def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd
         a = int(row["attempt"])
         later = [firsts[x] for x in attempts.attempt.iloc[i + 1:] if x in firsts]
         c = b.attempt(a, *spans[a], row, by_attempt.get(a), min(later) if later else None,
-                      last=(i + 1 == n), in_progress=in_progress)
+                      last=(i + 1 == n), in_progress=in_progress, first=(i == 0))
         counts[a] = c
         for k in counts[None]:
             counts[None][k] += c[k]
@@ -460,17 +475,21 @@ class _Builder:
 
     # -- one attempt ------------------------------------------------------------
     def attempt(self, a: int, start: float, end: float, row: Any, steps: pd.DataFrame | None,
-                rollback: int | None, last: bool, in_progress: bool) -> dict[str, int]:
+                rollback: int | None, last: bool, in_progress: bool,
+                first: bool = False) -> dict[str, int]:
+        """Paint one attempt's span; ``first``: the run's first attempt, whose start-up is
+        ``startup`` (every later attempt's is ``restart``)."""
         gpus = self._world(a, steps)
+        up = "startup" if first else "restart"  # whose start-up this attempt's is
         reason = row["end_reason"]
         end_ev = _num(row["end"], end)
         end_ev = min(max(end_ev, start), end)
         counts = {"kept": 0, "recomputed": 0, "incomplete": 0}
-        restores = [(self.restores, "restart:restore")]
+        restores = [(self.restores, f"{up}:restore")]
         if steps is None or not len(steps):
             # never reached a step: start-up until the end event, then queue
-            self._paint(start, end_ev, a, gpus, restores, "restart:init")
-            tail = "restart:queue" if not (last and in_progress) else "restart:init"
+            self._paint(start, end_ev, a, gpus, restores, f"{up}:init")
+            tail = "restart:queue" if not (last and in_progress) else f"{up}:init"
             self._paint(end_ev, end, a, gpus, [], tail)
             return counts
         s = steps.ref_start.to_numpy(dtype=float)
@@ -490,10 +509,10 @@ class _Builder:
         counts = {"kept": int((~lost).sum()), "recomputed": int(lost.sum()),
                   "incomplete": int((ranks < ranks.max()).sum())}
         # start-up: attempt start to first step
-        self._paint(start, float(s[0]), a, gpus, restores, "restart:init")
+        self._paint(start, float(s[0]), a, gpus, restores, f"{up}:init")
         # inside steps: warm-up (first step), checkpoint stall, labelled intervals (eval,
         # ...), input stall, straggler wait, the rest
-        parts = self._inside_steps(st, s, e, dur, lost)
+        parts = self._inside_steps(st, s, e, dur, lost, f"{up}:warmup")
         lo = s
         for k, (length, keys) in enumerate(parts):  # boundaries shared exactly, the last at
             hi = e if k + 1 == len(parts) else np.minimum(lo + length, e)  # the step's end
@@ -547,10 +566,11 @@ class _Builder:
         return min(med, room)
 
     def _inside_steps(self, st: pd.DataFrame, s: np.ndarray, e: np.ndarray, dur: np.ndarray,
-                      lost: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+                      lost: np.ndarray, warmup: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each step's time as consecutive parts ``(lengths, account keys)``: checkpoint
         stall and labelled intervals (``other:<label>``) inside it, then the first step's
-        warm-up (what is left of it beyond the attempt's other steps' median), input stall
+        warm-up (``warmup``: what is left of it beyond the attempt's other steps' median,
+        startup's or restart's), input stall
         and straggler wait (:func:`~goodlens.analysis.stepwaits.step_waits`), and the rest
         (productive, or recompute for a step a later attempt redid, which keeps all of it)."""
         n = len(dur)
@@ -565,7 +585,7 @@ class _Builder:
         warm = np.zeros(n)
         warm[0] = max(0.0, left[0] - (float(np.median(dur[1:])) if n > 1 else left[0]))
         left = left - warm
-        parts.insert(0, (warm, np.full(n, self._key("restart:warmup"))))
+        parts.insert(0, (warm, np.full(n, self._key(warmup))))
         sw, inp, measured = step_waits(st, left, lost)
         self.step_time += float(dur.sum())
         self.measured_time += float(dur[measured].sum())

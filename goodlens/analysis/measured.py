@@ -30,7 +30,8 @@ class Measured:
     run: str
     wall_clock_s: float
     uptime_s: float
-    """Wall-clock minus restart time: the exposure during which failures could strike."""
+    """Wall-clock minus start-up and restart time: the exposure during which failures could
+    strike."""
     failures: int
     """Attempts that ended in a failure (explicit or inferred), not clean ends or preemptions."""
     mtbf_s: float | None
@@ -42,10 +43,11 @@ class Measured:
     interval_s: float | None
     """Median time between consecutive checkpoint starts."""
     restore_s: float | None
-    """Mean restore time per restart that restored."""
+    """Mean restore time per attempt that restored (the first attempt's included)."""
     restart_cost_s: float | None
-    """Mean restart time (detection, queue, init, restore, warm-up) per failure, plus the
-    partial step, excluding recomputed work (the model adds interval/2 for that)."""
+    """Mean restart time (detection, queue, init, restore, warm-up: the ``restart`` bucket,
+    which holds no first start-up) per failure; recomputed work (the model adds interval/2
+    for it) and the partial step in flight (recompute too) are not in it."""
     gpus: float
     goodput: float
     best_interval_s: float | None = None
@@ -106,20 +108,18 @@ def measure_run(source: RunReader, run_id: str, now: float | None = None) -> Mea
     ev = source.events(run_id, kinds=[EventKind.CKPT_SAVE_START, EventKind.CKPT_RESTORE_START])
     failures = int(attempts.end_reason.isin(["failed", "unknown"]).sum())
     restart = b.buckets["restart"] or 0.0
-    uptime = max(0.0, b.wall_clock_s - restart)
+    uptime = max(0.0, b.wall_clock_s - restart - (b.buckets["startup"] or 0.0))
     saves = ev[ev.kind == EventKind.CKPT_SAVE_START].drop_duplicates(["attempt", "step", "tier"])
     n_ckpt = len(saves)
     stall = (b.buckets["checkpoint_stall"] / n_ckpt) if n_ckpt else None
     gaps = np.diff(np.sort(saves.drop_duplicates(["attempt", "step"]).time.to_numpy()))
     interval = float(np.median(gaps)) if len(gaps) else None
     restores = len(ev[ev.kind == EventKind.CKPT_RESTORE_START].drop_duplicates(["attempt"]))
-    restore = (b.restart_parts["restore"] / restores) if restores else None
-    # per failure: restart time less the first attempt's start-up, plus the partial step;
+    restore = ((b.startup_parts["restore"] + b.restart_parts["restore"]) / restores) \
+        if restores else None
+    # per failure: the restart bucket (the first start-up is startup's, not a failure's);
     # steps redone are the model's interval/2 and are not counted twice
-    first = acc.breakdown(attempt=int(attempts.attempt.iloc[0])) if len(attempts) else None
-    startup = (first.restart_parts["init"] + first.restart_parts["restore"]
-               + first.restart_parts["warmup"]) if first else 0.0
-    restart_cost = ((restart - startup) / failures) if failures else None
+    restart_cost = (restart / failures) if failures else None
     gpus = acc.gpus_allocated
     m = Measured(run=run_id, wall_clock_s=b.wall_clock_s, uptime_s=uptime, failures=failures,
                  mtbf_s=(uptime / failures) if failures else None,

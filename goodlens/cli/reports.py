@@ -135,7 +135,8 @@ def _accounting_bar(todo: list[dict]) -> Iterator[dict]:
 _BUCKET_NOTES = {"productive": "forward progress",
                  "straggler_wait": "all ranks waiting on the slowest",
                  "checkpoint_stall": "training blocked by saves",
-                 "recompute": "steps redone after a rollback", "restart": "failure to next step",
+                 "recompute": "steps redone after a rollback",
+                 "startup": "first start to first step", "restart": "failure to next step",
                  "other": "gaps, eval, input stalls, custom intervals"}
 
 
@@ -175,12 +176,9 @@ def report_text(rep: dict[str, Any]) -> str:
     for b, v in rep["buckets"].items():
         rows.append({"b": b, "t": "not measured" if v is None else format_duration(v),
                      "p": pct(v), "n": _BUCKET_NOTES[b]})
-        if b == "restart":
+        if b in ("startup", "restart", "other"):
             rows += [{"b": f"  {k}", "t": format_duration(x), "p": pct(x), "n": ""}
-                     for k, x in rep["restart_parts"].items() if x]
-        if b == "other":
-            rows += [{"b": f"  {k}", "t": format_duration(x), "p": pct(x), "n": ""}
-                     for k, x in rep["other_parts"].items() if x]
+                     for k, x in (rep.get(f"{b}_parts") or {}).items() if x]
     lines.append(table(rows, [("b", "bucket"), ("t", "time"), ("p", "share"), ("n", "")]))
     steps = rep.get("steps") or {}
     if steps:
@@ -209,10 +207,11 @@ def report_text(rep: dict[str, Any]) -> str:
         lines.append("")
         lines.append(table([{"a": a["attempt"], "w": format_duration(a["wall_clock_s"]),
                              "g": f"{100 * a['goodput']:.1f}%",
+                             "s": format_duration(a["buckets"].get("startup", 0.0)),
                              "r": format_duration(a["buckets"]["restart"]),
                              "c": format_duration(a["buckets"]["recompute"])} for a in atts],
                            [("a", "attempt"), ("w", "wall-clock"), ("g", "goodput"),
-                            ("r", "restart"), ("c", "recompute")]))
+                            ("s", "startup"), ("r", "restart"), ("c", "recompute")]))
     return "\n".join(lines)
 
 
@@ -239,9 +238,10 @@ def report(db: str | None, url: str | None, token: str | None, token_file: str |
            excludes: tuple[str, ...], as_of: str | None, as_json: bool) -> None:
     """Where the wall-clock went: goodput and every bucket, per run, attempt and window.
 
-    Buckets: productive, straggler_wait, checkpoint_stall, recompute, restart (detection,
-    queue, init, restore, warmup, unattributed) and other. They sum to the wall-clock
-    (less what --exclude takes out).
+    Buckets: productive, straggler_wait, checkpoint_stall, recompute, startup (the first
+    attempt's start to its first step: init, restore, warmup), restart (a failure to the next
+    step: detection, queue, init, restore, warmup, unattributed) and other. They sum to the
+    wall-clock (less what --exclude takes out).
     """
     if bool(db) == bool(url):
         raise click.UsageError("give exactly one of --db PATH or --url URL")
@@ -292,8 +292,10 @@ def detect(db: str | None, url: str | None, token: str | None, token_file: str |
     """Find persistent stragglers in a stored run: ranks, hosts or switches slower than their
     siblings (a rank than the other ranks of its host, a host than the other hosts behind its
     switch, a switch than the rest of the job), scored on each rank's time to reach the
-    collective; from which step, by how much, what they cost, whether to evict them, and
-    whether they are still open at the end of the run or resolved. With --url, the run is
+    collective; from which step, by how much (slower to reach the collective than their
+    siblings, and how much longer that makes the job's steps: "job slowdown"), what they
+    cost, whether to evict them, and whether they are still open at the end of the run or
+    resolved. With --url, the run is
     read from a running collector (which holds its store file). --threshold,
     --min-slowdown and --evict-at tune the detector (`goodlens serve` takes the same).
     """

@@ -116,11 +116,15 @@ def test_report_json_has_the_documented_fields(tmp_path):
     run("import", SAMPLE, "--db", db)
     rep = json.loads(run("report", "--db", db, "--run", "demo-8x", "--json").output)
     for key in ("run", "wall_clock_s", "goodput", "gpu_time_goodput", "buckets",
-                "restart_parts", "attempts"):
+                "startup_parts", "restart_parts", "attempts"):
         assert key in rep
     assert set(rep["buckets"]) == {"productive", "straggler_wait", "checkpoint_stall",
-                                   "recompute", "restart", "other"}
+                                   "recompute", "startup", "restart", "other"}
+    assert set(rep["startup_parts"]) == {"init", "restore", "warmup"}
     assert set(rep["restart_parts"]) >= {"detection", "queue", "init", "restore", "warmup"}
+    # the demo's recipe: 40 s of init before its first step, 40 s more after its failure
+    assert rep["startup_parts"]["init"] == pytest.approx(40.0, abs=0.1)
+    assert rep["restart_parts"]["init"] == pytest.approx(40.0, abs=0.1)
     assert sum(rep["buckets"].values()) == pytest.approx(rep["wall_clock_s"])
     assert rep["goodput"] == pytest.approx(rep["buckets"]["productive"] / rep["wall_clock_s"])
     assert [a["attempt"] for a in rep["attempts"]] == [0, 1]

@@ -96,8 +96,8 @@ def test_goodput_and_badput_per_run_match_the_report(tmp_path):
         assert get("goodlens_run_goodput_ratio", {"run": "demo-8x"}) == pytest.approx(b.goodput)
         assert get("goodlens_run_gpu_time_goodput_ratio", {"run": "demo-8x"}) == \
             pytest.approx(b.gpu_time_goodput)
-        buckets = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "restart",
-                   "other")
+        buckets = ("productive", "straggler_wait", "checkpoint_stall", "recompute", "startup",
+                   "restart", "other")
         for bucket in buckets:
             assert get("goodlens_run_time_seconds", {"run": "demo-8x", "bucket": bucket}) == \
                 pytest.approx(b.buckets[bucket])
@@ -109,5 +109,10 @@ def test_goodput_and_badput_per_run_match_the_report(tmp_path):
             is None  # renamed: goodlens_run_time_seconds
         assert get("goodlens_run_restart_seconds", {"run": "demo-8x", "part": "queue"}) == \
             pytest.approx(120.0, abs=0.1)
+        # the recipe's 40 s of init before the first step, and 40 s after the failure
+        assert get("goodlens_run_startup_seconds", {"run": "demo-8x", "part": "init"}) == \
+            pytest.approx(40.0, abs=0.1)
+        assert get("goodlens_run_restart_seconds", {"run": "demo-8x", "part": "init"}) == \
+            pytest.approx(40.0, abs=0.1)
     finally:
         store.close()

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, account_run
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS, account_run
 from goodlens.model.batch import validate_batch
 from goodlens.storage.store import Store
 from tests.timelines import T0, Run, check_invariants
@@ -26,7 +26,9 @@ def test_clean_run_with_a_straggler(store):
     b = run.account().breakdown()
     check_invariants(b)
     assert b.wall_clock_s == pytest.approx(20.0)
-    assert b.restart_parts["init"] == pytest.approx(10.0)
+    # the only attempt's start-up (10 s before the first step) is startup, never restart
+    assert b.startup_parts["init"] == pytest.approx(10.0)
+    assert b.buckets["startup"] == pytest.approx(10.0) and b.buckets["restart"] == 0
     # median compute of [0.6, 0.6, 0.75, 0.6] is 0.6: 0.15 s a step waiting on rank 2
     assert b.buckets["straggler_wait"] == pytest.approx(1.5)
     assert b.buckets["productive"] == pytest.approx(8.5)
@@ -113,12 +115,16 @@ def test_failure_with_events_splits_restart_into_its_parts(store):
     check_invariants(b)
     assert b.wall_clock_s == pytest.approx(138.0)
     assert b.buckets["recompute"] == pytest.approx(10 + 1)  # steps 10-19 and the partial step
+    # attempt 0's 5 s before its first step is the run's start-up (its first step, 1 s like
+    # the others, has no warm-up); attempt 1's init, restore and warm-up are the restart's
+    assert b.startup_parts == {"init": pytest.approx(5.0), "restore": 0.0, "warmup": 0.0}
     r = b.restart_parts
     assert r["detection"] == pytest.approx(29.0)
     assert r["queue"] == pytest.approx(45.0)
-    assert r["init"] == pytest.approx(5 + 10)
+    assert r["init"] == pytest.approx(10.0)
     assert r["restore"] == pytest.approx(10.0)
     assert r["warmup"] == pytest.approx(3.0)
+    assert b.buckets["restart"] == pytest.approx(29 + 45 + 10 + 10 + 3)
     assert b.buckets["productive"] == pytest.approx(10 + 15)
     a0, a1 = acc.by_attempt()
     assert (a0.wall_clock_s, a1.wall_clock_s) == pytest.approx((100.0, 38.0))
@@ -126,6 +132,73 @@ def test_failure_with_events_splits_restart_into_its_parts(store):
     assert a0.steps == {"kept": 10, "recomputed": 10, "incomplete": 0}
     for x in (a0, a1):
         check_invariants(x)
+
+
+def test_the_first_start_up_is_startup_and_restart_runs_from_the_failure(store):
+    """The issue's case (goodlens #28): a long first start-up, a crash, a long re-init. The
+    first start-up is ``startup``; ``restart`` is the crash to the next step (plus that
+    step's warm-up), what the job's own clock calls the cost of the failure."""
+    run = Run(store, ranks=4)
+    run.event("attempt_start", T0, 0)
+    run.event("ckpt_restore_start", T0 + 30, 0, step=0)  # a fine-tune: loads its weights
+    run.event("ckpt_restore_end", T0 + 33, 0, step=0)
+    # steps 0-29 from +35: the first 3 s (compile), then 1 s each; the last ends at +67
+    run.steps(0, 0, [T0 + 35, *[T0 + 38 + i for i in range(29)]], durs=[3.0] + [1.0] * 29)
+    run.event("failure", T0 + 67.5, 0, cause="exit:1")  # 0.5 s into step 30
+    run.event("failure_detected", T0 + 69.5, 0, cause="launcher")
+    run.event("attempt_start", T0 + 70.5, 1)
+    run.event("ckpt_restore_start", T0 + 110.5, 1, step=20)  # re-init 40 s, restore 4 s
+    run.event("ckpt_restore_end", T0 + 114.5, 1, step=20)
+    # steps 20-39 from +114.5: the first 2 s, then 1 s each; the last ends at +135.5
+    run.steps(1, 20, [T0 + 114.5, *[T0 + 116.5 + i for i in range(19)]],
+              durs=[2.0] + [1.0] * 19)
+    run.event("attempt_end", T0 + 135.5, 1, cause="completed")
+    acc = run.account()
+    b = acc.breakdown()
+    check_invariants(b)
+    assert b.wall_clock_s == pytest.approx(135.5)
+    # start-up: 0 -> 35 (less the 3 s restore), and step 0's 3 s against a 1 s median
+    assert b.startup_parts == {"init": pytest.approx(32.0), "restore": pytest.approx(3.0),
+                               "warmup": pytest.approx(2.0)}
+    assert b.buckets["startup"] == pytest.approx(37.0)
+    # restart: crash +67.5 -> detected +69.5 -> attempt 1 at +70.5 -> restore +110.5-114.5
+    # -> first step at +114.5 (47 s), plus its 2 s against a 1 s median
+    assert b.restart_parts == {"detection": pytest.approx(2.0), "queue": pytest.approx(1.0),
+                               "init": pytest.approx(40.0), "restore": pytest.approx(4.0),
+                               "warmup": pytest.approx(1.0), "unattributed": 0.0}
+    assert b.buckets["restart"] == pytest.approx(114.5 - 67.5 + 1.0)
+    # steps 20-29 redone, and 0.5 s of step 30 in flight
+    assert b.buckets["recompute"] == pytest.approx(10.5)
+    # steps 0-19 (step 0: 1 s beyond its warm-up) and 20-39 (step 20 the same)
+    assert b.buckets["productive"] == pytest.approx(20.0 + 20.0)
+    assert b.buckets["startup"] + b.buckets["restart"] + b.buckets["recompute"] \
+        + b.buckets["productive"] == pytest.approx(135.5)
+    a0, a1 = acc.by_attempt()
+    assert a0.wall_clock_s == pytest.approx(70.5) and a1.wall_clock_s == pytest.approx(65.0)
+    assert a0.buckets["startup"] == pytest.approx(37.0)
+    assert a0.buckets["restart"] == pytest.approx(2.0 + 1.0)  # detection and queue
+    assert a1.buckets["startup"] == 0.0
+    assert a1.buckets["restart"] == pytest.approx(40.0 + 4.0 + 1.0)
+    for x in (a0, a1):
+        check_invariants(x)
+    # --exclude init takes the start-up's and the restart's init out together
+    assert acc.breakdown(exclude=["init"]).excluded == {"init": pytest.approx(32.0 + 40.0)}
+
+
+def test_a_first_attempt_that_fails_before_its_first_step(store):
+    """Its time until its end is the run's start-up; from there the restart runs."""
+    run = Run(store, ranks=2)
+    run.event("attempt_start", T0, 0)
+    run.event("failure_detected", T0 + 12, 0, cause="nccl")
+    run.event("attempt_start", T0 + 20, 1)
+    run.steps(1, 0, [T0 + 25 + i for i in range(5)])
+    run.event("attempt_end", T0 + 30, 1, cause="completed")
+    b = run.account().breakdown()
+    check_invariants(b)
+    assert b.startup_parts["init"] == pytest.approx(12.0)
+    assert b.restart_parts["queue"] == pytest.approx(8.0)
+    assert b.restart_parts["init"] == pytest.approx(5.0)
+    assert b.buckets["productive"] == pytest.approx(5.0)
 
 
 def test_failure_without_event_is_inferred_from_a_reappearing_step(store):
@@ -155,7 +228,7 @@ def test_clock_offsets_between_hosts_keep_the_partition_and_the_numbers(store):
     # truth: 60 steps of 1 s, a 2 s save in a 2 s gap, 10 s init
     assert b.buckets["productive"] == pytest.approx(60.0, abs=0.2)
     assert b.buckets["checkpoint_stall"] == pytest.approx(2.0, abs=0.2)
-    assert b.restart_parts["init"] == pytest.approx(10.05, abs=0.2)
+    assert b.startup_parts["init"] == pytest.approx(10.05, abs=0.2)
 
 
 def test_run_in_progress_counts_wall_clock_up_to_now(store):
@@ -210,7 +283,7 @@ def test_windows_prorate_and_sum(store):
     acc = run.account()
     w = acc.breakdown(T0 + 5, T0 + 15)
     check_invariants(w)
-    assert w.restart_parts["init"] == pytest.approx(5.0)
+    assert w.startup_parts["init"] == pytest.approx(5.0)
     assert w.buckets["productive"] == pytest.approx(5.0)
     assert acc.breakdown(T0 - 100, T0 + 1000).wall_clock_s == pytest.approx(20.0)
     assert acc.breakdown(T0 + 30, T0 + 40).wall_clock_s == 0.0
@@ -230,9 +303,11 @@ def test_sample_trace_matches_its_recipe(tmp_path):
         s.close()
     check_invariants(b)
     r = b.restart_parts
-    # the recipe: init 40 s twice, restore 15 s, queue 120 s, detection 60.4 s less the
-    # partial step, warm-up 5 s, five 6-second saves; host clocks differ by up to 50 ms
-    assert r["init"] == pytest.approx(80.0, abs=0.1)
+    # the recipe: init 40 s twice (the first attempt's is startup), restore 15 s, queue
+    # 120 s, detection 60.4 s less the partial step, warm-up 5 s after the restart, five
+    # 6-second saves; host clocks differ by up to 50 ms
+    assert b.startup_parts["init"] == pytest.approx(40.0, abs=0.1)
+    assert r["init"] == pytest.approx(40.0, abs=0.1)
     assert r["restore"] == pytest.approx(15.0, abs=0.1)
     assert r["queue"] == pytest.approx(120.0, abs=0.1)
     assert r["warmup"] == pytest.approx(5.0, abs=0.1)
@@ -310,6 +385,9 @@ def test_buckets_are_nonnegative_and_sum_to_wall_clock_in_every_window(tmp_path_
         check_invariants(whole)
         assert set(whole.buckets) == set(BUCKETS)
         assert set(whole.restart_parts) == set(RESTART_PARTS)
+        assert set(whole.startup_parts) == set(STARTUP_PARTS)
+        # startup is the first attempt's alone
+        assert all(x.buckets["startup"] == 0 for x in acc.by_attempt()[1:])
         assert whole.wall_clock_s == pytest.approx(acc.end - acc.start)
         # segments tile the run: contiguous, no gaps, no overlaps
         assert np.allclose(acc.seg_start[1:], acc.seg_end[:-1])

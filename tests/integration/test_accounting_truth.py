@@ -79,7 +79,7 @@ def test_a_labelled_interval_inside_a_step_is_not_productive(store):
     assert b.other_parts["eval"] == pytest.approx(5.0)
     assert b.buckets["productive"] == pytest.approx(5.0)  # 1 + 1 + 1 + (6 - 5) + 1
     assert b.goodput == pytest.approx(0.5)
-    assert b.restart_parts["warmup"] == 0.0  # the first step is 1 s like the others
+    assert b.startup_parts["warmup"] == 0.0  # the first step is 1 s like the others
 
 
 def test_warm_up_is_measured_against_the_other_steps(store):
@@ -89,7 +89,9 @@ def test_warm_up_is_measured_against_the_other_steps(store):
     run.event("attempt_end", T0 + 11, 0, cause="completed")
     b = run.account().breakdown()
     check_invariants(b)
-    assert b.restart_parts["warmup"] == pytest.approx(5.0)  # 8 - 3, not 8 - median(8, 3)
+    # the only attempt's: startup's warm-up, 8 - 3, not 8 - median(8, 3)
+    assert b.startup_parts["warmup"] == pytest.approx(5.0)
+    assert b.buckets["restart"] == 0.0
     assert b.buckets["productive"] == pytest.approx(6.0)  # 3 + 3
 
 
@@ -104,7 +106,7 @@ def test_a_save_inside_the_first_step_is_stall_not_warm_up(store):
     b = run.account().breakdown()
     check_invariants(b)
     assert b.buckets["checkpoint_stall"] == pytest.approx(5.0)
-    assert b.restart_parts["warmup"] == pytest.approx(0.0)  # 6 - 5 = 1 s left: a normal step
+    assert b.startup_parts["warmup"] == pytest.approx(0.0)  # 6 - 5 = 1 s left: a normal step
     assert b.buckets["productive"] == pytest.approx(4.0)
 
 
@@ -190,7 +192,7 @@ def test_as_of_reports_what_was_known_then(store):
     then = report_dict(store, "r", as_of=T0 + 30)
     assert then["as_of"] == T0 + 30 and then["in_progress"]
     assert then["wall_clock_s"] == pytest.approx(30.0)
-    assert then["restart_parts"]["init"] == pytest.approx(5.0)
+    assert then["startup_parts"]["init"] == pytest.approx(5.0)  # attempt 0's start-up
     assert then["buckets"]["productive"] == pytest.approx(20.0)
     assert then["other_parts"]["since_last_step"] == pytest.approx(5.0)  # 25 -> 30
     assert then["buckets"]["recompute"] == 0.0

@@ -80,7 +80,8 @@ def _sample_traces() -> list:
 @pytest.mark.parametrize("trace", _sample_traces(), ids=lambda p: p.name)
 def test_report_matches_ground_truth_on_every_sample_trace(trace, tmp_path):
     """`goodlens report` on each shipped trace is within 0.1% of wall-clock of the
-    breakdown its recipe says it represents, bucket by bucket and restart part by part."""
+    breakdown its recipe says it represents, bucket by bucket and startup and restart part by
+    part."""
     import json
 
     from goodlens.analysis.accounting import account_run
@@ -98,6 +99,8 @@ def test_report_matches_ground_truth_on_every_sample_trace(trace, tmp_path):
         assert (got.buckets[bucket] or 0.0) == pytest.approx(want, abs=tol), bucket
     for part, want in truth["restart_parts"].items():
         assert got.restart_parts[part] == pytest.approx(want, abs=tol), part
+    for part, want in truth["startup_parts"].items():
+        assert got.startup_parts[part] == pytest.approx(want, abs=tol), part
 
 
 def test_sample_traces_stay_small():
