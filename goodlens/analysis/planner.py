@@ -10,10 +10,11 @@ slower ground truth they are checked against (tests/unit/test_planner.py). Secon
 Interval (Kokolis et al.'s ETTR form, as
 :func:`goodlens.analysis.runsim.montecarlo.first_order_goodput`):
 with work interval dt between checkpoints, stall C, run MTBF M (exponential failures) and
-restart cost R (detection, queue, init, restore, warm-up), each failure loses R + dt/2 and
-each interval pays C, so goodput(dt) = (1 - (R + dt/2)/M) / (1 + C/dt). Setting the derivative
-to zero gives dt* = sqrt(C^2 + 2 C (M - R)) - C; :func:`interval_plan` finds it numerically
-(golden section) and reports Young's and Daly's intervals beside it.
+restart cost R (detection, queue, init, restore, warm-up: accounting's ``restart`` per
+failure; the first start-up, ``startup``, is paid once whatever the interval), each failure
+loses R + dt/2 and each interval pays C, so goodput(dt) = (1 - (R + dt/2)/M) / (1 + C/dt).
+Setting the derivative to zero gives dt* = sqrt(C^2 + 2 C (M - R)) - C; :func:`interval_plan`
+finds it numerically (golden section) and reports Young's and Daly's intervals beside it.
 """
 
 from __future__ import annotations

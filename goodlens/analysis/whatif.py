@@ -99,8 +99,9 @@ def calibrate(source: RunReader, run_id: str, now: float | None = None,
         kw["spare_swap_s"] = min(SimConfig.spare_swap_s, kw["queue_s"])
         prov["spare_swap_s"] = ("assumed: the simulator's swap time, or the measured queue "
                                 "if shorter")
-    kw["init_s"] = rp["init"] / attempts
-    kw["warmup_s"] = rp["warmup"] / attempts
+    up = b.startup_parts  # the first attempt's start-up, then every restart's
+    kw["init_s"] = (up["init"] + rp["init"]) / attempts
+    kw["warmup_s"] = (up["warmup"] + rp["warmup"]) / attempts
     prov["init_s"] = prov["warmup_s"] = "measured: mean per attempt"
     if m.restore_s is not None:
         kw["restore_s"] = m.restore_s

@@ -102,7 +102,8 @@ def plan(ctx: click.Context, db: str | None, url: str | None, token: str | None,
 @click.option("--mtbf", type=Duration(), required=True,
               help="The whole job's mean time between failures (node MTBF / nodes).")
 @click.option("--restart-cost", type=Duration(), default="0s", show_default=True,
-              help="Detection, queue, init, restore and warm-up per failure.")
+              help="Detection, queue, init, restore and warm-up per failure (report's "
+                   "restart; not the first start-up).")
 @click.option("--memory-stall", type=Duration(),
               help="Tiered: stall of an in-memory peer copy; plans a fast and a durable tier.")
 @click.option("--memory-survives", type=click.FloatRange(0, 1), default=0.9, show_default=True,

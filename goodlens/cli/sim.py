@@ -102,10 +102,11 @@ def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int
     click.echo(f"goodput {100 * out['goodput_mean']:.1f}% (p5 {100 * out['goodput_p5']:.1f}%, "
                f"p95 {100 * out['goodput_p95']:.1f}%), GPU-time "
                f"{100 * out['gpu_time_goodput_mean']:.1f}%\n")
-    rows = [{"b": b, "t": format_duration(v), "p": f"{100 * v / wall:5.1f}%"}
-            for b, v in out["buckets_mean"].items()]
-    rows += [{"b": f"  restart.{k}", "t": format_duration(v), "p": f"{100 * v / wall:5.1f}%"}
-             for k, v in out["restart_parts_mean"].items() if v]
+    rows = []
+    for b, v in out["buckets_mean"].items():
+        rows.append({"b": b, "t": format_duration(v), "p": f"{100 * v / wall:5.1f}%"})
+        rows += [{"b": f"  {k}", "t": format_duration(x), "p": f"{100 * x / wall:5.1f}%"}
+                 for k, x in (out.get(f"{b}_parts_mean") or {}).items() if x]
     click.echo(table(rows, [("b", "bucket (mean)"), ("t", "time"), ("p", "share")]))
     if trace_note:
         click.echo(f"\ntrace of trial 1 of seed {seed}: {trace_note['path']} "

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, account_run
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS, account_run
 from goodlens.analysis.runsim.montecarlo import SimConfig, simulate
 from goodlens.analysis.runsim.presets import get_preset
 from goodlens.analysis.runsim.tracegen import TraceResult, generate_trace
@@ -60,12 +60,15 @@ def assert_truth(name: str, res: TraceResult, b: dict) -> None:
     assert b["wall_clock_s"] == pytest.approx(wall, abs=TOL * wall)
     errs = [abs((b["buckets"][k] or 0.0) - t["buckets"][k]) for k in BUCKETS]
     errs += [abs(b["restart_parts"][k] - t["restart_parts"][k]) for k in RESTART_PARTS]
+    errs += [abs(b["startup_parts"][k] - t["startup_parts"][k]) for k in STARTUP_PARTS]
     errs.append(abs(b["wall_clock_s"] - wall))
     ERRORS[name] = max(errs) / wall
     for k in BUCKETS:
         assert b["buckets"][k] == pytest.approx(t["buckets"][k], abs=TOL * wall), k
     for k in RESTART_PARTS:
         assert b["restart_parts"][k] == pytest.approx(t["restart_parts"][k], abs=TOL * wall), k
+    for k in STARTUP_PARTS:
+        assert b["startup_parts"][k] == pytest.approx(t["startup_parts"][k], abs=TOL * wall), k
     assert b["goodput"] == pytest.approx(t["goodput"], abs=TOL)
     assert b["gpu_time_goodput"] == pytest.approx(t["gpu_time_goodput"], abs=TOL)
     assert b["steps"] == t["steps"]

@@ -201,7 +201,8 @@ def test_same_seed_same_result_and_json_ready():
 
 def test_buckets_sum_to_each_jobs_wall_clock_and_node_time_is_a_partition():
     """Invariant: a started job's buckets (accounting.BUCKETS) sum to wall_clock_s, its first
-    start to its end (done, or the end of the simulation); restart is the sum of its parts;
+    start to its end (done, or the end of the simulation); restart and startup are the sums of
+    their parts, and a job never interrupted has no restart;
     a done job's productive time minus the topology slowdown is its work, each step once;
     the cluster's node-seconds (allocated, free, down, idle spares) sum to nodes x duration."""
     for pol, seed in itertools.product(MIXES, range(3)):
@@ -216,6 +217,9 @@ def test_buckets_sum_to_each_jobs_wall_clock_and_node_time_is_a_partition():
             assert min(b.values()) >= -1e-9 and min(j["restart_parts"].values()) >= -1e-9
             assert sum(b.values()) == pytest.approx(j["wall_clock_s"], rel=1e-9, abs=1e-6)
             assert b["restart"] == pytest.approx(sum(j["restart_parts"].values()))
+            assert b["startup"] == pytest.approx(sum(j["startup_parts"].values()))
+            if j["attempts"] == 1 and not j["failures"] and not j["preemptions"]:
+                assert b["restart"] == 0  # its only start-up is startup, never restart
             if j["first_start_s"] is not None:
                 started += 1
                 assert j["wall_clock_s"] == pytest.approx(j["end_s"] - j["first_start_s"])

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, account
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS, account
 from goodlens.analysis.runsim.montecarlo import (
     SimConfig,
     SimResult,
@@ -38,6 +38,9 @@ def check_partition(r: SimResult) -> None:
     assert all(v >= -1e-9 for v in [*r.buckets.values(), *r.restart_parts.values()])
     assert math.isclose(sum(r.buckets.values()), r.wall_clock_s, rel_tol=1e-9)
     assert math.isclose(r.buckets["restart"], sum(r.restart_parts.values()), rel_tol=1e-9,
+                        abs_tol=1e-9)
+    assert set(r.startup_parts) == set(STARTUP_PARTS)
+    assert math.isclose(r.buckets["startup"], sum(r.startup_parts.values()), rel_tol=1e-9,
                         abs_tol=1e-9)
     assert 0 <= r.gpu_time_goodput <= r.goodput + 1e-12 <= 1 + 1e-12
     assert math.isclose(r.goodput, r.buckets["productive"] / r.wall_clock_s)
@@ -119,6 +122,8 @@ def assert_matches_accounting(c: SimConfig, seed: int) -> None:
     for k in RESTART_PARTS:
         assert res.restart_parts[k] - (downtime if k == "queue" else 0) == pytest.approx(
             b["restart_parts"][k], abs=tol), k
+    for k in STARTUP_PARTS:
+        assert res.startup_parts[k] == pytest.approx(b["startup_parts"][k], abs=tol), k
     if downtime == 0:
         assert res.gpu_time_goodput == pytest.approx(b["gpu_time_goodput"], abs=1e-9)
 

@@ -29,7 +29,7 @@ INF = math.inf
 
 class Bucket(enum.IntEnum):
     """Slots of a job's time accumulator (``Job.buckets``): the ``goodlens report`` buckets,
-    with restart split into its parts."""
+    with restart and startup (the first attempt's start-up) split into their parts."""
 
     PRODUCTIVE = 0
     STRAGGLER_WAIT = 1
@@ -41,6 +41,9 @@ class Bucket(enum.IntEnum):
     INIT = 7
     RESTORE = 8
     WARMUP = 9
+    STARTUP_INIT = 10
+    STARTUP_RESTORE = 11
+    STARTUP_WARMUP = 12
 
 
 class Event(enum.IntEnum):
@@ -196,9 +199,10 @@ class Job:
         if m == 0:  # no step completed: init, restore, until detection (accounting's rule)
             self._settle_startup(x, mode, horizon, tdet)
             return 0.0
-        b[Bucket.INIT] += self.init_s
-        b[Bucket.RESTORE] += self.restore_s
-        b[Bucket.WARMUP] += self.warmup_s
+        init, restore, warmup = self.startup_slots()
+        b[init] += self.init_s
+        b[restore] += self.restore_s
+        b[warmup] += self.warmup_s
         em = self.step_end(m)
         d, every, stall_each = self.step_wall_s, self.ckpt_every_steps, self.ckpt_stall_s
         stall = ((m - 1) // every) * stall_each
@@ -224,6 +228,13 @@ class Job:
         self.saved_steps += kept
         return loss
 
+    def startup_slots(self) -> tuple[Bucket, Bucket, Bucket]:
+        """Where this attempt's init, restore and warm-up go: startup's for the job's first
+        attempt, restart's for every later one (accounting's rule)."""
+        if self.n_attempts <= 1:
+            return Bucket.STARTUP_INIT, Bucket.STARTUP_RESTORE, Bucket.STARTUP_WARMUP
+        return Bucket.INIT, Bucket.RESTORE, Bucket.WARMUP
+
     def _settle_startup(self, x: float, mode: Settle, horizon: float, tdet: float) -> None:
         """An attempt cut before its first step: init, then restore, until x (a failure:
         until its detection)."""
@@ -232,8 +243,9 @@ class Job:
         rs = self.attempt_start + self.init_s
         r = 0.0 if tf < rs or e <= rs else \
             (e if tf < rs + self.restore_s else min(e, rs + self.restore_s)) - rs
-        self.buckets[Bucket.RESTORE] += r
-        self.buckets[Bucket.INIT] += e - self.attempt_start - r
+        init, restore, _ = self.startup_slots()
+        self.buckets[restore] += r
+        self.buckets[init] += e - self.attempt_start - r
 
 
 def new_job(i: int, s: JobSpec, owner: int, cfg: ClusterConfig) -> Job:

@@ -34,11 +34,11 @@ class ClusterResult:
 
     Seconds throughout. ``jobs`` rows: name, owner, priority, nodes, submit_s, first_start_s,
     end_s, status, wall_clock_s (first start to end), buckets (``accounting.BUCKETS``, summing
-    to wall_clock_s), restart_parts, goodput, first_wait_s (submit to first start),
-    queue_wait_s (every wait for nodes: first_wait_s plus restart.queue), longest_wait_s,
-    preemption_loss_s, preemptions, failures, attempts, topology_slowdown_s (the part of
-    productive lost to the topology penalty), work_s, progress (share of work done),
-    turnaround_s."""
+    to wall_clock_s), startup_parts (the first attempt's start-up), restart_parts, goodput,
+    first_wait_s (submit to first start), queue_wait_s (every wait for nodes: first_wait_s
+    plus restart.queue), longest_wait_s, preemption_loss_s, preemptions, failures, attempts,
+    topology_slowdown_s (the part of productive lost to the topology penalty), work_s,
+    progress (share of work done), turnaround_s."""
 
     policy: str
     seed: int
@@ -59,8 +59,10 @@ class ClusterResult:
         import pandas as pd
         rows = []
         for j in self.jobs:
-            r = {k: v for k, v in j.items() if k not in ("buckets", "restart_parts")}
+            r = {k: v for k, v in j.items()
+                 if k not in ("buckets", "startup_parts", "restart_parts")}
             r.update(j["buckets"])
+            r.update({f"startup.{k}": v for k, v in j["startup_parts"].items()})
             r.update({f"restart.{k}": v for k, v in j["restart_parts"].items()})
             rows.append(r)
         return pd.DataFrame(rows)
@@ -124,10 +126,12 @@ def job_row(j: Job, owner: str, horizon: float) -> dict[str, Any]:
     parts = {"detection": b[Bucket.DETECTION], "queue": b[Bucket.QUEUE],
              "init": b[Bucket.INIT], "restore": b[Bucket.RESTORE],
              "warmup": b[Bucket.WARMUP], "unattributed": 0.0}
+    startup = {"init": b[Bucket.STARTUP_INIT], "restore": b[Bucket.STARTUP_RESTORE],
+               "warmup": b[Bucket.STARTUP_WARMUP]}
     buckets = {"productive": b[Bucket.PRODUCTIVE], "straggler_wait": b[Bucket.STRAGGLER_WAIT],
                "checkpoint_stall": b[Bucket.CHECKPOINT_STALL],
-               "recompute": b[Bucket.RECOMPUTE], "restart": sum(parts.values()),
-               "other": b[Bucket.OTHER]}
+               "recompute": b[Bucket.RECOMPUTE], "startup": sum(startup.values()),
+               "restart": sum(parts.values()), "other": b[Bucket.OTHER]}
     end = j.end if j.end is not None else (horizon if started else None)
     wall = (end - j.first_start) if started else 0.0
     submitted = j.submit <= horizon
@@ -137,7 +141,8 @@ def job_row(j: Job, owner: str, horizon: float) -> dict[str, Any]:
         "nodes": j.size, "submit_s": j.submit, "first_start_s": j.first_start,
         "end_s": end, "status": j.phase.label if submitted else "future",
         "wall_clock_s": wall, "goodput": buckets["productive"] / wall if wall else None,
-        "buckets": buckets, "restart_parts": parts, "first_wait_s": first_wait,
+        "buckets": buckets, "startup_parts": startup, "restart_parts": parts,
+        "first_wait_s": first_wait,
         "queue_wait_s": (j.queue_total if started else first_wait),
         "longest_wait_s": j.longest_wait if started else first_wait,
         "preemption_loss_s": j.preempt_loss, "preemptions": j.n_preemptions,

@@ -200,6 +200,8 @@ class SimResult:
     checkpoints (durable saves), memory_checkpoints, memory_restores, attempts, shrinks,
     grows, spare_swaps, straggler_episodes."""
     failures_by_cause: dict[str, int]
+    startup_parts: dict[str, float] = field(default_factory=dict)
+    """``startup`` (the first attempt's start-up) split as ``accounting.STARTUP_PARTS``."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
 from goodlens.analysis.runsim.config import DAY, FAILURE_CAUSES, SimConfig, SimResult
 from goodlens.analysis.runsim.trial import prepare, run_trial
 
@@ -42,9 +42,9 @@ def trial_rng(seed: int, index: int) -> np.random.Generator:
 def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0,
                 first: SimResult | None = None) -> dict[str, Any]:
     """``trials`` independent trials (seeds spawned from ``seed``): mean and 5th/95th
-    percentile goodput, mean seconds per bucket and restart part, mean counts. ``first``
-    stands for the first trial when given (``goodlens simulate --out``: that trial as its
-    trace has it, :meth:`~goodlens.analysis.runsim.tracegen.TraceResult.as_result`)."""
+    percentile goodput, mean seconds per bucket, startup part and restart part, mean counts.
+    ``first`` stands for the first trial when given (``goodlens simulate --out``: that trial
+    as its trace has it, :meth:`~goodlens.analysis.runsim.tracegen.TraceResult.as_result`)."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1 (got {trials})")
     p = prepare(config)
@@ -59,6 +59,7 @@ def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0,
             "goodput_p95": float(np.percentile(g, 95)),
             "gpu_time_goodput_mean": float(np.mean([r.gpu_time_goodput for r in rs])),
             "buckets_mean": mean(lambda r: r.buckets, BUCKETS),
+            "startup_parts_mean": mean(lambda r: r.startup_parts, STARTUP_PARTS),
             "restart_parts_mean": mean(lambda r: r.restart_parts, RESTART_PARTS),
             "counts_mean": mean(lambda r: r.counts, list(rs[0].counts))}
 

@@ -100,7 +100,8 @@ class TraceResult:
         return SimResult(wall_clock_s=t["wall_clock_s"], goodput=t["goodput"],
                          gpu_time_goodput=t["gpu_time_goodput"], buckets=dict(t["buckets"]),
                          restart_parts=dict(t["restart_parts"]), counts=dict(self.sim.counts),
-                         failures_by_cause=dict(self.sim.failures_by_cause))
+                         failures_by_cause=dict(self.sim.failures_by_cause),
+                         startup_parts=dict(t["startup_parts"]))
 
 
 def generate_trace(config: SimConfig, seed: int, out: str | Path | None, run_id: str = "sim",
@@ -395,7 +396,8 @@ class _Gen:
         return {"start": self.epoch, "end": self.epoch + wall, "wall_clock_s": wall,
                 "goodput": buckets["productive"] / wall,
                 "gpu_time_goodput": gpu_productive / (alloc * wall),
-                "buckets": buckets, "restart_parts": parts,
+                "buckets": buckets, "startup_parts": dict(res.startup_parts),
+                "restart_parts": parts,
                 "other_parts": other,
                 "steps": {"kept": self.kept, "recomputed": self.lost, "incomplete": 0}}
 

@@ -8,8 +8,10 @@ takes milliseconds. Every second lands in the buckets of ``goodlens.analysis.acc
 same rules
 (docs/accounting.md), so a trace written from a trial reports the same breakdown:
 
+- the first attempt's start-up (init, restore, its first step's warm-up) is startup; every
+  later attempt's is restart's (init, restore, warmup);
 - the first step of an attempt: its excess over the attempt's other steps' median is
-  restart.warmup;
+  warm-up (startup.warmup for the first attempt, restart.warmup after);
 - a failure: the steps since the checkpoint that survives it are recompute, as is the partial
   step (the time after the last step, up to one median step); the rest until detection is
   restart.detection (the tail is painted without layers, as accounting does, so a save at that
@@ -51,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
 from goodlens.analysis.runsim.config import (
     CAUSE_NAMES,
     DAY,
@@ -76,6 +78,8 @@ COUNTS = ("failures", "hangs", "wide_failures", "startup_failures", "planned", "
           "evicted_nodes", "checkpoints", "memory_checkpoints", "memory_restores", "attempts",
           "shrinks", "grows", "spare_swaps", "straggler_episodes")
 """The counts of a :class:`SimResult`, in its order."""
+STARTUP_KEYS = tuple(f"startup.{p}" for p in STARTUP_PARTS)
+"""The ``seconds`` keys of the first attempt's start-up parts (restart's are plain names)."""
 
 
 class Stop(enum.Enum):
@@ -130,8 +134,9 @@ class Trial:
     (:meth:`fail_in_steps`), a planned interruption or eviction (:meth:`save_on_notice`) or a
     grow-back (:meth:`grow_back`). Step counts are the run's own: the attempt resumes after
     ``restart_count`` and the newest checkpoints are at ``durable_count`` and
-    ``memory_count``. Seconds go to ``seconds`` (the accounting's buckets and restart parts,
-    plus ``gpu``: productive GPU-seconds), completed steps through the :class:`Ledger`.
+    ``memory_count``. Seconds go to ``seconds`` (the accounting's buckets, restart parts,
+    startup parts as ``startup.<part>``, plus ``gpu``: productive GPU-seconds), completed
+    steps through the :class:`Ledger`.
     """
 
     __slots__ = (
@@ -149,7 +154,7 @@ class Trial:
         self.schedule = CheckpointSchedule(p.km, p.kd, p.cm, p.cdd)
         self.elastic = Elastic(c.elastic)
         self.tiered = c.ckpt_mode == "tiered"
-        self.seconds = dict.fromkeys((*BUCKETS, *RESTART_PARTS, "gpu"), 0.0)
+        self.seconds = dict.fromkeys((*BUCKETS, *RESTART_PARTS, *STARTUP_KEYS, "gpu"), 0.0)
         self.counts = dict.fromkeys(COUNTS, 0)
         self.by_cause = [0] * len(FAILURE_CAUSES)
         self.last_failure: tuple[str | None, bool, bool] = (None, False, False)
@@ -206,11 +211,18 @@ class Trial:
         self.ledger.commit(INF)
         parts = {k: a[k] for k in RESTART_PARTS}
         a["restart"] = sum(parts.values())
+        startup = {k: a[f"startup.{k}"] for k in STARTUP_PARTS}
+        a["startup"] = sum(startup.values())
         T = c.duration_s
         alloc = (c.nodes + (c.spares if self.elastic is SPARES else 0)) \
             * c.gpus_per_node * T
         return SimResult(T, a["productive"] / T, a["gpu"] / alloc, {b: a[b] for b in BUCKETS},
-                         parts, self.counts, dict(zip(CAUSE_NAMES, self.by_cause)))
+                         parts, self.counts, dict(zip(CAUSE_NAMES, self.by_cause)), startup)
+
+    def up(self, part: str) -> str:
+        """The ``seconds`` key of a start-up part (init, restore, warmup) of the attempt in
+        progress: startup's for the run's first attempt, restart's for every later one."""
+        return f"startup.{part}" if self.counts["attempts"] == 1 else part
 
     def attempt(self) -> bool:
         """One attempt from its start; False when the run ended in it."""
@@ -323,8 +335,8 @@ class Trial:
         """The attempt's first step ended at ``t1``: its start-up counts, earlier attempts'
         later steps roll back, its first piece begins."""
         c, a = self.config, self.seconds
-        a["init"] += self.init_s
-        a["restore"] += self.restore_s
+        a[self.up("init")] += self.init_s
+        a[self.up("restore")] += self.restore_s
         self.ledger.rollback(self.restart_count)
         self.ledger.commit(self.durable_count)
         times = self.episodes.boundary_s
@@ -385,7 +397,7 @@ class Trial:
         warm = max(0.0, dur0 - weighted_median(items[1:])) if len(items) > 1 else 0.0
         sw0 = min(self.first_wait_s, dur0 - warm)
         a, cnt, sched = self.seconds, self.counts, self.schedule
-        a["warmup"] += warm
+        a[self.up("warmup")] += warm
         self.ledger.entries.append([R, R + 1, sw0, dur0 - warm - sw0, gpus])  # the first step
         self.ledger.entries.extend(ent)
         a["checkpoint_stall"] += sched.stall_through(m_end - 1) - sched.stall_through(R)
@@ -416,8 +428,8 @@ class Trial:
         rs = t0 + self.init_s
         r = 0.0 if tf < rs or e <= rs else \
             (e if tf < rs + self.restore_s else min(e, rs + self.restore_s)) - rs
-        self.seconds["restore"] += r
-        self.seconds["init"] += e - t0 - r
+        self.seconds[self.up("restore")] += r
+        self.seconds[self.up("init")] += e - t0 - r
 
     def take_spares(self, t: float, k: int) -> bool:
         """Swap k free spares in at ``t`` (spares policy), busy until repaired; False when
