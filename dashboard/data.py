@@ -387,10 +387,12 @@ def _batch_findings(store: Any, run_id: str, config: StragglerConfig | None = No
 
 def excludable(rep: dict[str, Any]) -> list[str]:
     """The named parts of a run's breakdown that an exclusion can take out of its
-    wall-clock: the restart's and other's parts that hold time (``queue``, a custom label
-    such as ``maintenance``...), in the report's order."""
-    parts = [*rep.get("restart_parts", {}).items(), *rep.get("other_parts", {}).items()]
-    return [name for name, v in parts if v and name != "unattributed"]
+    wall-clock: the startup's, restart's and other's parts that hold time (``queue``, a custom
+    label such as ``maintenance``...), in the report's order, each name once (``init``
+    takes out the first start-up's and the restarts')."""
+    parts = [*rep.get("startup_parts", {}).items(), *rep.get("restart_parts", {}).items(),
+             *rep.get("other_parts", {}).items()]
+    return list(dict.fromkeys(name for name, v in parts if v and name != "unattributed"))
 
 
 def _timeline_events(ev: pd.DataFrame) -> pd.DataFrame:

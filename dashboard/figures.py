@@ -12,18 +12,20 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.model.units import format_duration
 
 BUCKET_COLORS = {"productive": "#2ca02c", "straggler_wait": "#ff7f0e",
-                 "checkpoint_stall": "#1f77b4", "recompute": "#d62728", "restart": "#9467bd",
-                 "other": "#7f7f7f"}
+                 "checkpoint_stall": "#1f77b4", "recompute": "#d62728", "startup": "#8c564b",
+                 "restart": "#9467bd", "other": "#7f7f7f"}
 # restart's parts: purple for the waiting, then distinct hues for the start-up steps (warm-up
 # and restore used to be two near-identical lilacs)
 RESTART_COLORS = {"detection": "#54278f", "queue": "#9e9ac8", "init": "#e7298a",
                   "restore": "#1b9e77", "warmup": "#e6ab02", "unattributed": "#dadaeb"}
+#: startup's parts: browns, so the first start-up never reads as a restart
+STARTUP_COLORS = {"init": "#8c564b", "restore": "#c49c94", "warmup": "#e7cb94"}
 #: Shades of grey for the named parts of "other" (eval, a custom label, since the last step).
 OTHER_SHADES = ("#525252", "#969696", "#bdbdbd", "#d9d9d9", "#737373", "#f0f0f0")
 #: The timeline's rows for ``rank_evicted`` events whose ``cause`` is ``dry_run`` or
@@ -86,7 +88,7 @@ def _time_unit(seconds: float) -> tuple[str, float]:
 
 
 def breakdown_figure(report: dict[str, Any]) -> go.Figure:
-    """Where the wall-clock went: one stacked bar per bucket row, restart and other split
+    """Where the wall-clock went: one stacked bar per bucket row, startup, restart and other split
     into their parts, in hours (minutes or seconds for short runs), each share of wall-clock
     on hover. The legend lists the rows top to bottom, as the bars are drawn."""
     wall = report.get("wall_clock_s") or 0.0
@@ -115,8 +117,11 @@ def breakdown_figure(report: dict[str, Any]) -> go.Figure:
 
 
 def _parts(report: dict[str, Any], bucket: str) -> list[tuple[str, float, str]] | None:
-    """The named parts a bucket's bar is split into (restart's and other's), with colours;
-    None for a bucket drawn whole."""
+    """The named parts a bucket's bar is split into (startup's, restart's and other's), with
+    colours; None for a bucket drawn whole."""
+    if bucket == "startup":
+        return [(p, v, STARTUP_COLORS[p]) for p in STARTUP_PARTS
+                if (v := report.get("startup_parts", {}).get(p, 0.0))]
     if bucket == "restart":
         return [(p, v, RESTART_COLORS[p]) for p in RESTART_PARTS
                 if (v := report["restart_parts"].get(p, 0.0))]

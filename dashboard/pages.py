@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from dash import dcc, html
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
 from goodlens.analysis.findings import FINDING_COLUMNS, finding_cells
 from goodlens.analysis.measured import interval_advice
 from goodlens.dashboard import figures as fig
@@ -134,14 +134,16 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
                                  id="window-error"), cards])
     rows, ids = [], []
     for b in BUCKETS:
-        v = rep["buckets"][b]
+        v = rep["buckets"].get(b, 0.0)
         rows.append([fig.label(b), html.Td(_dur(v) if v is not None else "not measured",
                                            title="" if v is None else f"{v:.2f} s",
                                            id=f"bucket-{b}"),
                      html.Td("" if v is None else fig.pct(v / wall if wall else 0.0),
                              id=f"bucket-{b}-share")])
         ids.append(f"row-{b}")
-        parts = {"restart": [(p, rep["restart_parts"][p]) for p in RESTART_PARTS],
+        parts = {"startup": [(p, rep.get("startup_parts", {}).get(p, 0.0))
+                             for p in STARTUP_PARTS],
+                 "restart": [(p, rep["restart_parts"][p]) for p in RESTART_PARTS],
                  "other": list(rep.get("other_parts", {}).items())}.get(b, [])
         for p, pv in parts:
             if pv:
@@ -151,10 +153,12 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
                 ids.append(f"row-{b}-{p}")
     buckets = _table(["bucket", "time", "share"], rows, id="bucket-table", row_ids=ids)
     att_rows = [[a["attempt"], _utc(a["start"]), _dur(a["wall_clock_s"]), fig.pct(a["goodput"]),
-                 _dur(a["buckets"]["restart"]), _dur(a["buckets"]["recompute"]),
+                 _dur(a["buckets"].get("startup", 0.0)), _dur(a["buckets"]["restart"]),
+                 _dur(a["buckets"]["recompute"]),
                  a["steps"].get("kept", ""), a["steps"].get("recomputed", "")]
                 for a in rep["attempts"]]
-    attempts = _table(["attempt", "start", "wall-clock", "goodput", "restart", "recompute",
+    attempts = _table(["attempt", "start", "wall-clock", "goodput", "startup", "restart",
+                       "recompute",
                        "steps kept", "steps redone"], att_rows, id="attempt-table")
     end = rep["end"] if rep["end"] is not None else 0.0
     win = rep.get("window") or {}
@@ -174,7 +178,10 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
 def _exclude_options(rep: dict[str, Any]) -> list[dict[str, Any]]:
     """The exclusion checklist's choices: each named part that holds time (with its time),
     and any part excluded now (so it stays there to be put back)."""
-    held = {**rep.get("restart_parts", {}), **rep.get("other_parts", {})}
+    held: dict[str, float] = {}
+    for part in ("startup_parts", "restart_parts", "other_parts"):  # init: both starts
+        for name, v in (rep.get(part) or {}).items():
+            held[name] = held.get(name, 0.0) + (v or 0.0)
     names = list(dict.fromkeys([*rep.get("excludable", []), *rep.get("excluded", {})]))
     out = []
     for name in names:

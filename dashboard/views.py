@@ -12,7 +12,7 @@ from typing import Any
 
 from dash import dcc, html
 
-from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS
+from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
 from goodlens.dashboard import figures as fig
 from goodlens.dashboard.urlstate import REFRESH_CHOICES, number, window_choice
 from goodlens.model.jsonable import is_missing
@@ -85,8 +85,8 @@ def _delta(v: float | None, base: float | None, share: bool) -> str:
 
 def compare_body(items: list[dict[str, Any]]) -> html.Div:
     """The breakdowns of ``items`` (:meth:`goodlens.dashboard.data.RunData.compare`) side
-    by side: goodput, wall-clock, each bucket and restart part, and each item's difference
-    from the first (time in the row's unit, shares in percentage points)."""
+    by side: goodput, wall-clock, each bucket and startup and restart part, and each item's
+    difference from the first (time in the row's unit, shares in percentage points)."""
     ok = [it for it in items if "error" not in it]
     errors = [html.P(f"{it['item']}: {it['error']}", className="gl-error")
               for it in items if "error" in it]
@@ -101,10 +101,14 @@ def compare_body(items: list[dict[str, Any]]) -> html.Div:
         ("gpu-goodput", "goodput (GPU-time)", lambda b: b["gpu_time_goodput"], True),
         ("wall", "wall-clock", lambda b: b["wall_clock_s"], False)]
     for b in BUCKETS:
-        lines.append((f"bucket-{b}", fig.label(b), lambda r, b=b: r["buckets"][b], False))
-        if b == "restart":
-            lines += [(f"restart-{p}", f"  {p}", lambda r, p=p: r["restart_parts"][p], False)
-                      for p in RESTART_PARTS if any(it["restart_parts"].get(p) for it in ok)]
+        lines.append((f"bucket-{b}", fig.label(b), lambda r, b=b: r["buckets"].get(b, 0.0),
+                      False))
+        if b in ("startup", "restart"):
+            key = f"{b}_parts"
+            lines += [(f"{b}-{p}", f"  {p}", lambda r, p=p, key=key: r.get(key, {}).get(p, 0.0),
+                       False)
+                      for p in (STARTUP_PARTS if b == "startup" else RESTART_PARTS)
+                      if any(it.get(key, {}).get(p) for it in ok)]
     rows = []
     for key, name, get, share in lines:
         vals = [get(it) for it in ok]

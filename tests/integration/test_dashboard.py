@@ -85,6 +85,41 @@ def test_breakdown_figure_adds_up_to_the_wall_clock(sim64: Store) -> None:
         "no wall-clock yet"
 
 
+def test_the_first_start_up_is_shown_apart_from_restarts(sim64: Store) -> None:
+    """sim-64's config starts every attempt with 60 s of init (``init_s``): the first
+    attempt's is its own bar row and table rows (``startup``), not part of ``restart``; the
+    attempts table has a startup column; the exclusion choice ``init`` takes both."""
+    cfg = json.loads((ROOT / "sample_data/sim-64/ground_truth.json").read_text())["config"]
+    rep = report_dict(sim64, "sim-64")
+    f = fig.breakdown_figure(rep)
+    startup = {t.name: float(t.x[0]) * 3600 for t in f.data if t.y[0] == "startup"}
+    assert startup["startup: init"] == pytest.approx(cfg["init_s"], abs=1e-6)
+    assert sum(startup.values()) == pytest.approx(rep["buckets"]["startup"], rel=1e-9)
+    restart = sum(float(t.x[0]) * 3600 for t in f.data if t.y[0] == "restart")
+    assert restart == pytest.approx(rep["buckets"]["restart"], rel=1e-9)
+    parts = pages.overview_parts(RunData(sim64).overview("sim-64"))
+    found: dict[str, object] = {}
+
+    def walk(c: object) -> None:
+        cid = getattr(c, "id", None)
+        if isinstance(cid, str):
+            found[cid] = c
+        kids = getattr(c, "children", None)
+        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
+            walk(k)
+    walk(parts["ov-buckets"])
+    assert "row-startup" in found and found["startup-init"].title == f"{cfg['init_s']:.2f} s"
+    head = [th.children for th in parts["ov-attempts"].children[0].children.children]
+    assert head[4:6] == ["startup", "restart"]
+    rows = parts["ov-attempts"].children[1].children
+    # attempt 0 holds the run's start-up (60 s init and its first step's warm-up)
+    assert rows[0].children[4].children == pages._dur(rep["buckets"]["startup"])
+    assert all(r.children[4].children == "0ms" for r in rows[1:])
+    init = next(o for o in parts["overview-exclude"] if o["value"] == "init")
+    both = rep["startup_parts"]["init"] + rep["restart_parts"]["init"]
+    assert init["label"] == f" init ({pages._dur(both)})"
+
+
 def test_goodput_series_shares_stack_to_100(sim64: Store) -> None:
     series = account_run(sim64, "sim-64").goodput_series(points=50)
     f = fig.goodput_series_figure(series)
