@@ -143,8 +143,12 @@ def _accounting(runs: list[RunStatus]) -> Iterator[Metric]:
                                 "productive included: the buckets sum to the wall-clock "
                                 "(straggler_wait absent when not measured)",
                                 labels=["run", "bucket"])
-    parts = GaugeMetricFamily("goodlens_run_restart_seconds", "Restart time by part",
+    parts = GaugeMetricFamily("goodlens_run_restart_seconds", "Restart time (a failure, "
+                              "eviction or resize to the next step) by part",
                               labels=["run", "part"])
+    startup = GaugeMetricFamily("goodlens_run_startup_seconds", "The first attempt's "
+                                "start-up (its start to its first step) by part",
+                                labels=["run", "part"])
     when = GaugeMetricFamily("goodlens_run_report_timestamp_seconds", "When these numbers "
                              "were computed (unix time): they follow the rows as they arrive",
                              labels=["run"])
@@ -159,11 +163,12 @@ def _accounting(runs: list[RunStatus]) -> Iterator[Metric]:
         for name, v in (rep.get("buckets") or {}).items():
             if v is not None:
                 buckets.add_metric([st.row.run_id, name], _f(v))
-        for name, v in (rep.get("restart_parts") or {}).items():
-            if v is not None:
-                parts.add_metric([st.row.run_id, name], _f(v))
+        for family, key in ((parts, "restart_parts"), (startup, "startup_parts")):
+            for name, v in (rep.get(key) or {}).items():
+                if v is not None:
+                    family.add_metric([st.row.run_id, name], _f(v))
         when.add_metric(run, _f(st.row.computed_at))
-    yield from (ratio, gpu, wall, buckets, parts, when)
+    yield from (ratio, gpu, wall, buckets, parts, startup, when)
 
 
 def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
