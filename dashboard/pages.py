@@ -290,13 +290,23 @@ _FINDINGS_SOURCE = {
 }
 
 
+#: The findings table's two slowdowns, what each means on hover (docs/detectors.md).
+_SLOWDOWN_TITLES = {
+    "slowdown": "{:.4f}: its excess time to reach the collective, over its siblings' "
+                "(what the detector scores and --evict-at compares)",
+    "job_slowdown": "{:.4f}: what it costs the job's step, over the step the job would "
+                    "have without it",
+}
+
+
 def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
     """Heatmap, flagged stragglers with slowdown, cost and action, host and switch roll-up,
     by the id of the element each fills."""
     f_rows = []
     for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0)):
         cells = finding_cells(f)
-        f_rows.append([html.Td(cells[k], title=f"{f['slowdown']:.4f}") if k == "slowdown" else
+        f_rows.append([html.Td(cells[k], title=_SLOWDOWN_TITLES[k].format(f[k]))
+                       if k in _SLOWDOWN_TITLES and f.get(k) is not None else
                        html.Td(cells[k], className=f"gl-action-{f['action']}")
                        if k == "action" else cells[k] for k, _ in FINDING_COLUMNS])
     findings = (_table([h for _, h in FINDING_COLUMNS], f_rows, id="findings-table")

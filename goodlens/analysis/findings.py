@@ -91,7 +91,8 @@ def finding_dicts(found: list[Finding]) -> list[dict[str, Any]]:
 #: the two cannot drift); :func:`finding_cells` gives each column's text for one finding.
 FINDING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("subject", "subject"), ("relative_to", "slower than"), ("attempt", "attempt"),
-    ("first_step", "from step"), ("detected_step", "detected at"), ("slowdown", "slowdown"),
+    ("first_step", "from step"), ("detected_step", "detected at"),
+    ("slowdown", "slower to collective"), ("job_slowdown", "job slowdown"),
     ("straggler_wait", "wait so far"), ("wait_per_hour", "wait per hour"),
     ("action", "action"), ("confidence", "confidence"), ("state", "state"))
 
@@ -109,19 +110,25 @@ def finding_attempt(f: dict[str, Any]) -> int | None:
 
 
 def finding_cells(f: dict[str, Any]) -> dict[str, str]:
-    """One finding's text under each of :data:`FINDING_COLUMNS` (keyed like them)."""
+    """One finding's text under each of :data:`FINDING_COLUMNS` (keyed like them). Two
+    slowdowns, both as percentages: ``slowdown`` ("slower to collective", the subject's
+    excess time to reach the collective over its siblings', what the detector scores) and
+    ``job_slowdown`` ("job slowdown", what it costs the job's step; empty where not known,
+    e.g. an event stored before it existed)."""
     from goodlens.model.units import format_duration
 
     def dur(v: Any) -> str:
         return "" if v is None or v != v else format_duration(float(v))
     a = finding_attempt(f)
     resolved = f.get("status") == "resolved"
+    job = f.get("job_slowdown")
     return {"subject": f"{f['subject_kind']} {f['subject_id']}",
             "relative_to": str(f.get("relative_to") or ""),
             "attempt": "" if a is None else str(a),
             "first_step": str(f.get("first_step", "")),
             "detected_step": str(f.get("detected_step", "")),
             "slowdown": f"{100 * float(f['slowdown']):.1f}%",
+            "job_slowdown": "" if job is None or job != job else f"{100 * float(job):.1f}%",
             "straggler_wait": dur(f.get("straggler_wait_s")),
             "wait_per_hour": dur(f.get("wait_per_hour_s")),
             "action": str(f.get("action") or ""),

@@ -160,9 +160,10 @@ def detector_options(f: Any) -> Any:
     """``--threshold``, ``--min-slowdown`` and ``--evict-at``: how sure, how slow and how
     costly a straggler must be; the command builds its config with :func:`straggler_config`."""
     f = click.option("--evict-at", type=float, default=0.05, show_default=True,
-                     help="Estimated slowdown from which a lasting finding recommends "
-                          "`evict` (0.05: 5%; it goes back to `watch` under 80% of "
-                          "this).")(f)
+                     help="Estimated slowdown to reach the collective (the finding's "
+                          "`slowdown`, not its `job_slowdown`) from which a lasting "
+                          "finding recommends `evict` (0.05: 5%; it goes back to `watch` "
+                          "under 80% of this).")(f)
     f = click.option("--min-slowdown", type=float, default=0.01, show_default=True,
                      help="Slowdown against the siblings ignored as no straggler (0.01: "
                           "1%; the detector also ignores 0.4 noise units).")(f)

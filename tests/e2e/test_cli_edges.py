@@ -385,16 +385,19 @@ def _cells(line: str) -> list[str]:
 def test_detect_text_has_the_ranks_pages_columns(demo_db):
     header, rule, *rows = run("detect", "--db", demo_db, "--run", "demo-8x").output.splitlines()
     assert _cells(header) == ["subject", "slower than", "attempt", "from step", "detected at",
-                              "slowdown", "wait so far", "wait per hour", "action",
-                              "confidence", "state"]
+                              "slower to collective", "job slowdown", "wait so far",
+                              "wait per hour", "action", "confidence", "state"]
     assert set(rule) == {"-", " "}
     # the recipe's straggler: rank 5 (on node-1 with ranks 4-7), slow from step 150 of
     # attempt 0 and still slow after the restart (the same finding, begun in attempt 0);
     # the detector's estimate of the 10% is 9.8% (8.9% while the host's median of 4 included
-    # rank 5 itself), 39.5 s waited, 4m 35s an hour, confidence 0.8333 written to two places
+    # rank 5 itself); what it costs a step: 9.8% of the others' ~0.81 s (0.8 s of compute,
+    # ~0.01 s of data) is 0.079 s, over the ~1.04 s step less it (rank 5's 0.88 s, its
+    # data, the 0.15 s all-reduce): 8.3%; 39.5 s waited, 4m 35s an hour, confidence 0.8333
+    # written to two places
     assert [_cells(r) for r in rows] == [
-        ["rank 5", "the other ranks of host node-1", "0", "150", "161", "9.8%", "39.5s",
-         "4m 35s", "evict", "0.83", "open"]]
+        ["rank 5", "the other ranks of host node-1", "0", "150", "161", "9.8%", "8.3%",
+         "39.5s", "4m 35s", "evict", "0.83", "open"]]
     from goodlens.analysis.findings import FINDING_COLUMNS
     assert _cells(header) == [h for _, h in FINDING_COLUMNS]  # the dashboard's, in order
 

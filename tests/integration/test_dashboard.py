@@ -554,3 +554,32 @@ def test_timeline_draws_eviction_decisions_that_evicted_nothing_apart() -> None:
     assert list(refused.text) == ["eviction (attempt 0), cause refused:cap, rank 6, host n3",
                                   "eviction (attempt 0), cause refused:confidence, rank 6, "
                                   "host n3"]
+
+
+def test_the_findings_table_shows_both_slowdowns_with_their_meaning() -> None:
+    """The ranks page's findings table: ``slowdown`` and ``job_slowdown`` side by side, each
+    cell's value and meaning on hover; a finding without ``job_slowdown`` (stored before
+    it existed) has an empty cell and no hover, not an error."""
+    from dash import html
+    f = {"subject_kind": "rank", "subject_id": 21, "relative_to": "the other ranks of host n2",
+         "id": "2/rank/21/2141", "attempt": 2, "first_step": 2141, "detected_step": 2152,
+         "slowdown": 0.1004, "job_slowdown": 0.0712, "straggler_wait_s": 3.4,
+         "wait_per_hour_s": 230.0, "action": "evict", "confidence": 0.751, "status": "update"}
+    old = {**f, "id": "1/rank/3/10", "subject_id": 3, "job_slowdown": None,
+           "wait_per_hour_s": 10.0}
+    parts = pages.ranks_parts({"findings": [f, old], "findings_source": "live", "grid": None,
+                               "hosts": None})
+    cells: list[html.Td] = []
+
+    def walk(c: object) -> None:
+        if isinstance(c, html.Td):
+            cells.append(c)
+        kids = getattr(c, "children", None)
+        for k in kids if isinstance(kids, list | tuple) else [kids]:
+            if k is not None and not isinstance(k, str):
+                walk(k)
+    walk(parts["rk-findings"])
+    titled = [(c.children, c.title.split(":")[0]) for c in cells if getattr(c, "title", None)]
+    assert titled == [("10.0%", "0.1004"), ("7.1%", "0.0712"), ("10.0%", "0.1004")]
+    assert "collective" in next(c.title for c in cells if c.children == "10.0%")
+    assert "job's step" in next(c.title for c in cells if c.children == "7.1%")

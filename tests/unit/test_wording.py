@@ -74,12 +74,25 @@ def test_a_finding_row_reads_as_the_cli_and_the_ranks_page_show_it() -> None:
     from goodlens.analysis.findings import finding_cells
     f = {"subject_kind": "rank", "subject_id": 21, "relative_to": "the other ranks of host n2",
          "id": "2/rank/21/2141", "attempt": 2, "first_step": 2141, "detected_step": 2152,
-         "slowdown": 0.1004, "straggler_wait_s": 3.4, "wait_per_hour_s": 230.0,
-         "action": "evict", "confidence": 0.751, "status": "update"}
+         "slowdown": 0.1004, "job_slowdown": 0.0712, "straggler_wait_s": 3.4,
+         "wait_per_hour_s": 230.0, "action": "evict", "confidence": 0.751, "status": "update"}
     assert finding_cells(f) == {
         "subject": "rank 21", "relative_to": "the other ranks of host n2", "attempt": "2",
         "first_step": "2141", "detected_step": "2152", "slowdown": "10.0%",
-        "straggler_wait": "3.4s", "wait_per_hour": "3m 50s", "action": "evict",
-        "confidence": "0.75", "state": "open"}
+        "job_slowdown": "7.1%", "straggler_wait": "3.4s", "wait_per_hour": "3m 50s",
+        "action": "evict", "confidence": "0.75", "state": "open"}
     done = finding_cells({**f, "status": "resolved", "confidence": 0.0})
     assert (done["confidence"], done["state"]) == ("-", "resolved")
+    # a finding stored before job_slowdown existed, or priced before any step time: empty
+    assert finding_cells({**f, "job_slowdown": None})["job_slowdown"] == ""
+    assert finding_cells({k: v for k, v in f.items() if k != "job_slowdown"})[
+        "job_slowdown"] == ""
+
+
+def test_the_findings_table_names_both_slowdowns() -> None:
+    """The two slowdowns' headers say which is which (issue #28): the ready-time ratio as
+    "slower to collective", the job-level loss as "job slowdown", side by side."""
+    from goodlens.analysis.findings import FINDING_COLUMNS
+    heads = [h for _, h in FINDING_COLUMNS]
+    i = heads.index("slower to collective")
+    assert heads[i + 1] == "job slowdown"
