@@ -177,8 +177,14 @@ def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
     count = GaugeMetricFamily("goodlens_run_ranks_flagged", "Ranks covered by open "
                               "straggler findings", labels=["run"])
     slow = GaugeMetricFamily("goodlens_straggler_slowdown_ratio", "Estimated slowdown of "
-                             "each flagged rank, host or switch",
+                             "each flagged rank, host or switch in its time to reach the "
+                             "collective, over its siblings' (a ready-time ratio: what the "
+                             "detector and its evict action compare)",
                              labels=["run", "kind", "subject", "action"])
+    job = GaugeMetricFamily("goodlens_straggler_job_slowdown_ratio", "What each flagged "
+                            "rank, host or switch costs the job's step: its excess over the "
+                            "step time the job would have without it",
+                            labels=["run", "kind", "subject", "action"])
     cost = GaugeMetricFamily("goodlens_straggler_wait_per_hour_seconds", "Wait a flagged "
                              "subject costs per hour if left alone",
                              labels=["run", "kind", "subject"])
@@ -195,12 +201,14 @@ def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
         latest = {(f.subject_kind, str(f.subject_id)): f for f in findings}  # per subject
         for (kind, subject), f in latest.items():
             slow.add_metric([run_id, kind, subject, f.action], f.slowdown)
+            if f.job_slowdown is not None:
+                job.add_metric([run_id, kind, subject, f.action], f.job_slowdown)
             cost.add_metric([run_id, kind, subject], f.wait_per_hour_s)
             waited.add_metric([run_id, kind, subject], f.straggler_wait_s)
             t = detection.onset(run_id, f.id)
             if t is not None:
                 onset.add_metric([run_id, kind, subject], t)
-    yield from (count, slow, cost, waited, onset)
+    yield from (count, slow, job, cost, waited, onset)
 
 
 def _self_metrics(writer: Writer) -> Iterator[Metric]:

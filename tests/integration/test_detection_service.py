@@ -46,8 +46,13 @@ def test_the_service_flags_the_demo_straggler_once_and_stores_it(tmp_path):
         assert json.loads(ev.detail.iloc[-1])["action"] == "evict"
         get = make_registry(store, writer, svc).get_sample_value
         assert get("goodlens_run_ranks_flagged", {"run": "demo-8x"}) == 1
-        assert 0.05 < get("goodlens_straggler_slowdown_ratio", {
-            "run": "demo-8x", "kind": "rank", "subject": "5", "action": "evict"}) < 0.15
+        labels = {"run": "demo-8x", "kind": "rank", "subject": "5", "action": "evict"}
+        assert 0.05 < get("goodlens_straggler_slowdown_ratio", labels) < 0.15
+        # beside it, what rank 5 costs the job's step (the same labels): by the sample's
+        # recipe its excess is 10% of 0.8 s of compute, 0.08 s, on a step of ~1.04 s (its
+        # 0.88 s, ~0.01 s of data, the 0.15 s all-reduce): 0.08 / (1.04 - 0.08) = 0.083
+        job = get("goodlens_straggler_job_slowdown_ratio", labels)
+        assert job == fs[-1].job_slowdown and 0.07 < job < 0.10
         assert get("goodlens_straggler_wait_seconds", {
             "run": "demo-8x", "kind": "rank", "subject": "5"}) == fs[-1].straggler_wait_s
         # a second service (a restarted collector) finds it again but stores nothing new,

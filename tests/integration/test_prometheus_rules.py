@@ -28,6 +28,7 @@ EXPORTED_METRICS = frozenset({
     "goodlens_run_time_seconds",
     "goodlens_run_goodput_ratio",
     "goodlens_straggler_slowdown_ratio",
+    "goodlens_straggler_job_slowdown_ratio",
     "goodlens_straggler_onset_timestamp_seconds",
     "goodlens_exporter_dropped_rows_total",
     "goodlens_ingest_rejected_batches_total",
