@@ -132,6 +132,8 @@ def buckets_sum_to_wall_clock(rep: dict) -> None:
     assert sum(rep["buckets"].values()) == pytest.approx(rep["wall_clock_s"], rel=1e-9, abs=1e-6)
     assert sum(rep["restart_parts"].values()) == pytest.approx(rep["buckets"]["restart"],
                                                                abs=1e-6)
+    assert sum(rep["startup_parts"].values()) == pytest.approx(rep["buckets"]["startup"],
+                                                               abs=1e-6)
     assert sum(rep["other_parts"].values()) == pytest.approx(rep["buckets"]["other"], abs=1e-6)
 
 
@@ -143,14 +145,42 @@ def true_recompute(res: JobResult) -> float:
     return crash["t"] - res.own_steps(0, 0)[resumed][0]
 
 
+def first_step(res: JobResult, attempt: int) -> tuple[float, float]:
+    """The start of ``attempt``'s first step on rank 0's clock, and that step's excess over
+    the attempt's median step (its warm-up)."""
+    own = res.own_steps(0, attempt)
+    durations = [b - a for _, (a, b) in sorted(own.items())]
+    return own[min(own)][0], max(0.0, durations[0] - statistics.median(durations[1:]))
+
+
 def true_restart(res: JobResult) -> float:
     """From the crash to the restarted attempt's first step (rank 0's clock), plus that
-    step's excess over the attempt's median step (its warm-up)."""
-    crash = res.lines("crash")[0]
-    new = res.own_steps(0, 1)
-    durations = [b - a for _, (a, b) in sorted(new.items())]
-    warm = max(0.0, durations[0] - statistics.median(durations[1:]))
-    return new[min(new)][0] - crash["t"] + warm
+    step's warm-up: what the failure cost, the report's ``restart``."""
+    start, warm = first_step(res, 1)
+    return start - res.lines("crash")[0]["t"] + warm
+
+
+def true_startup(res: JobResult) -> float:
+    """The first attempt's start-up: from its earliest rank's script start to its first step
+    (rank 0's clock), plus that step's warm-up, the report's ``startup``. goodlens dates the
+    attempt at the process's start, a little before the script's first line (the
+    interpreter's own start-up), so its value is that much longer."""
+    start, warm = first_step(res, 0)
+    return start - min(x["t"] for x in res.lines("script_start", attempt=0)) + warm
+
+
+def restart_and_startup_match_the_jobs_clock(res: JobResult) -> None:
+    """The report's ``restart`` is the crash to the restarted attempt's first step (plus its
+    warm-up), within 10%; its ``startup`` the first attempt's script start to its first step
+    (plus its warm-up), within 10% or 1 s, and never shorter (goodlens counts from the
+    process's start, the interpreter's own start-up before the script's first line
+    included); and only the first attempt has a start-up."""
+    rep = res.report
+    assert rep["buckets"]["restart"] == pytest.approx(true_restart(res), rel=0.10)
+    startup, truth = rep["buckets"]["startup"], true_startup(res)
+    assert truth - 0.2 <= startup <= truth + max(1.0, 0.10 * truth), (startup, truth)
+    assert [a["buckets"]["startup"] > 0 for a in rep["attempts"]] == \
+        [True] + [False] * (len(rep["attempts"]) - 1)
 
 
 def true_slowdown(res: JobResult, rank: int = 0, attempt: int = 0) -> float:

@@ -17,10 +17,10 @@ import pytest
 
 from tests.e2e.framework_jobs import (
     buckets_sum_to_wall_clock,
+    restart_and_startup_match_the_jobs_clock,
     run_job,
     the_slowed_ranks_finding,
     true_recompute,
-    true_restart,
     true_saves,
     true_slowdown,
     true_stall,
@@ -67,9 +67,7 @@ def test_restart_and_recompute_match_the_jobs_clock(job):
     # most 0.15 s (or 10%) after it
     recompute, truth = rep["buckets"]["recompute"], true_recompute(job)
     assert truth - 0.02 <= recompute <= truth + max(0.15, 0.10 * truth), (recompute, truth)
-    a0 = rep["attempts"][0]["restart_parts"]
-    restart = rep["buckets"]["restart"] - a0["init"] - a0["warmup"]  # this restart's alone
-    assert restart == pytest.approx(true_restart(job), rel=0.10)
+    restart_and_startup_match_the_jobs_clock(job)
     # the resume's loads (weights before accelerate's wrap, optimizer and scheduler after
     # it) are restore time; the RNG load runs inside the first step (after its fetch), so
     # it is the first step's, not restore's
