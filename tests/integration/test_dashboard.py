@@ -85,6 +85,21 @@ def test_breakdown_figure_adds_up_to_the_wall_clock(sim64: Store) -> None:
         "no wall-clock yet"
 
 
+def _by_id(component: object) -> dict[str, object]:
+    """Every component with a string id under ``component`` (itself included), by id."""
+    found: dict[str, object] = {}
+
+    def walk(c: object) -> None:
+        cid = getattr(c, "id", None)
+        if isinstance(cid, str):
+            found[cid] = c
+        kids = getattr(c, "children", None)
+        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
+            walk(k)
+    walk(component)
+    return found
+
+
 def test_the_first_start_up_is_shown_apart_from_restarts(sim64: Store) -> None:
     """sim-64's config starts every attempt with 60 s of init (``init_s``): the first
     attempt's is its own bar row and table rows (``startup``), not part of ``restart``; the
@@ -98,16 +113,7 @@ def test_the_first_start_up_is_shown_apart_from_restarts(sim64: Store) -> None:
     restart = sum(float(t.x[0]) * 3600 for t in f.data if t.y[0] == "restart")
     assert restart == pytest.approx(rep["buckets"]["restart"], rel=1e-9)
     parts = pages.overview_parts(RunData(sim64).overview("sim-64"))
-    found: dict[str, object] = {}
-
-    def walk(c: object) -> None:
-        cid = getattr(c, "id", None)
-        if isinstance(cid, str):
-            found[cid] = c
-        kids = getattr(c, "children", None)
-        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
-            walk(k)
-    walk(parts["ov-buckets"])
+    found = _by_id(parts["ov-buckets"])
     assert "row-startup" in found and found["startup-init"].title == f"{cfg['init_s']:.2f} s"
     head = [th.children for th in parts["ov-attempts"].children[0].children.children]
     assert head[4:6] == ["startup", "restart"]
@@ -146,17 +152,7 @@ def test_timeline_marks_each_failure_once(sim64: Store) -> None:
 
 def test_overview_page_carries_the_report_exactly(sim64: Store) -> None:
     rep = report_dict(sim64, "sim-64")
-    body = pages.overview_body(RunData(sim64).overview("sim-64"))
-    found = {}
-
-    def walk(c: object) -> None:
-        cid = getattr(c, "id", None)
-        if isinstance(cid, str):
-            found[cid] = c
-        kids = getattr(c, "children", None)
-        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
-            walk(k)
-    walk(body)
+    found = _by_id(pages.overview_body(RunData(sim64).overview("sim-64")))
     assert found["headline-goodput"].children == fig.pct(rep["goodput"])
     for b, v in rep["buckets"].items():
         assert found[f"bucket-{b}"].title == f"{v:.2f} s"
