@@ -359,8 +359,8 @@ def test_overview_reads_as_drawn(loaded: Collector, dash_br) -> None:
     bars = _figure(dash_br, "breakdown-graph")
     assert bars["full"] == "normal"
     rows = [t["y"][0] for t in bars["data"]]
-    top_down = ["productive", "straggler wait", "checkpoint stall", "recompute", "restart",
-                "other"]
+    top_down = ["productive", "straggler wait", "checkpoint stall", "recompute", "startup",
+                "restart", "other"]
     assert [r for i, r in enumerate(rows) if r not in rows[:i]] == top_down
     colour = {t["name"]: t["color"] for t in bars["data"]}
 
