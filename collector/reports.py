@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from goodlens import __version__
+from goodlens.analysis.accounting import ACCOUNTING_REVISION
 from goodlens.analysis.report import report_dict
 from goodlens.model.jsonable import plain
 from goodlens.storage import reports
@@ -36,6 +37,9 @@ from goodlens.storage.reader import RunReader
 from goodlens.storage.reports import ReportRow
 
 log = logging.getLogger("goodlens.reports")
+#: What stored reports are keyed on: a store whose reports another goodlens version, or
+#: another accounting revision, computed has them all recomputed on the first pass.
+REPORTS_KEY = f"{__version__}+accounting.{ACCOUNTING_REVISION}"
 
 #: Seconds before a run whose accounting failed is tried again (unless rows of it arrive).
 RETRY_S = 300.0
@@ -156,7 +160,7 @@ class ReportKeeper:
         stale ones, rows that arrived before a crash, come first in the backlog)."""
         self._started = True
         try:
-            if self.persist and reports.mark_all_stale(con, __version__):
+            if self.persist and reports.mark_all_stale(con, REPORTS_KEY):
                 log.info("stored reports were computed by another goodlens: recomputing them "
                          "in the background, newest first")
             n = reports.index_missing(con) if self.persist else 0

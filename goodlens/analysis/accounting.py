@@ -78,6 +78,10 @@ STARTUP_PARTS = ("init", "restore", "warmup")
 """``startup``: the first attempt's start to its first step (docs/accounting.md)."""
 RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattributed")
 """``restart``: a failure (eviction, preemption, resize) to the next step."""
+#: Bumped whenever a bucket's meaning changes, so that a collector recomputes the reports it
+#: stored under an earlier one (2: the first attempt's start-up left ``restart`` for
+#: ``startup``, #28). Stored reports are keyed on the goodlens version and this.
+ACCOUNTING_REVISION = 2
 #: Event kinds accounting reads (heartbeats, the most numerous, are not among them).
 ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FAILURE,
                     EventKind.FAILURE_DETECTED,
@@ -202,13 +206,15 @@ class Accounting:
         acc = {k: v for k, v, x in zip(self.keys, per_key.tolist(), out) if not x}
         gacc = dict(zip(self.keys, gpu_key.tolist()))
         wall = float(hi - lo) - sum(excluded.values())
-        buckets = {b: sum(v for k, v in acc.items() if k.split(":")[0] == b) for b in BUCKETS}
+        buckets = {b: sum((v for k, v in acc.items() if k.split(":")[0] == b), 0.0)
+                   for b in BUCKETS}
         if not self.measured:
             buckets["straggler_wait"] = None
         restart = {p: acc.get(f"restart:{p}", 0.0) for p in RESTART_PARTS}
         startup = {p: acc.get(f"startup:{p}", 0.0) for p in STARTUP_PARTS}
         other = {k.split(":", 1)[1]: v for k, v in acc.items() if k.startswith("other:") and v}
-        gpu = {b: sum(v for k, v in gacc.items() if k.split(":")[0] == b) for b in BUCKETS}
+        gpu = {b: sum((v for k, v in gacc.items() if k.split(":")[0] == b), 0.0)
+               for b in BUCKETS}
         allocated = self.gpus_allocated * wall
         gpu["idle_allocated"] = allocated - float(np.dot(overlap, self.seg_gpus))
         gpu["allocated"] = allocated

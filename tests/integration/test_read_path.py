@@ -5,12 +5,14 @@ below, never taken from the code under test."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
 
 import pytest
 
+from goodlens import __version__
 from goodlens.collector.metrics import make_registry
 from goodlens.collector.reports import KeeperConfig, ReportKeeper
 from goodlens.model.batch import validate_batch
@@ -59,14 +61,15 @@ def test_a_finished_run_is_accounted_once_and_again_only_when_late_rows_arrive(t
     store, _keeper, writer = _served(tmp_path / "s.duckdb")
     try:
         # two ranks, steps 0-7 (1 s each from t0 + 1), the attempt completes at t0 + 11:
-        # wall-clock 11 s = 1 s start-up (restart) + 8 s productive + 2 s after the last step
+        # wall-clock 11 s = 1 s start-up (startup) + 8 s productive + 2 s after the last step
         _push(writer, _lifetime("r"), _steps("r", 0, list(range(8))),
               _steps("r", 1, list(range(8))))
         (row,) = store.stored_reports(["r"])
         assert (row.final, row.state, row.steps, row.last_step) == (True, "completed", 8, 7)
         assert row.wall_clock_s == pytest.approx(11.0)
         assert row.report["buckets"]["productive"] == pytest.approx(8.0)
-        assert row.report["buckets"]["restart"] == pytest.approx(1.0)
+        assert row.report["buckets"]["startup"] == pytest.approx(1.0)
+        assert row.report["buckets"]["restart"] == 0.0  # nothing failed
         assert row.goodput == pytest.approx(8 / 11)
         assert store.stored_report("r") == row.report
         # more passes and another run's rows: r's report is not computed again
@@ -219,4 +222,28 @@ def test_rows_written_without_a_collector_list_from_the_raw_tables(tmp_path):
         listed = store.runs_page()[0]
         assert list(listed.state) == ["completed"] and math.isnan(listed.goodput.iloc[0])
     finally:
+        store.close()
+
+
+def test_reports_stored_under_an_earlier_accounting_revision_are_recomputed(tmp_path):
+    """A store written before the first start-up left ``restart`` (#28): its stored report
+    said restart 1 s and no startup; the next collector must not serve it as current."""
+    path = tmp_path / "s.duckdb"
+    store, _keeper, writer = _served(path)
+    _push(writer, _lifetime("r"), _steps("r", 0, list(range(8))),
+          _steps("r", 1, list(range(8))))
+    writer.stop()
+    con = store.cursor()  # what the previous revision stored: the same goodlens version
+    old = store.stored_report("r")
+    old["buckets"]["restart"], old["buckets"]["startup"] = 1.0, None
+    con.execute("UPDATE run_reports SET report = ? WHERE run_id = 'r'", [json.dumps(old)])
+    con.execute("UPDATE meta SET value = ? WHERE key = 'reports_version'", [__version__])
+    store.close()
+    store, _keeper, writer = _served(path)
+    try:
+        writer.sync()
+        buckets = store.stored_report("r")["buckets"]
+        assert (buckets["startup"], buckets["restart"]) == (pytest.approx(1.0), 0.0)
+    finally:
+        writer.stop()
         store.close()
