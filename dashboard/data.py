@@ -26,6 +26,7 @@ from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stor
 from goodlens.analysis.report import fill_goodput, run_goodput
 from goodlens.analysis.window import resolve_window, window_of
 from goodlens.detectors.stragglers import StragglerConfig
+from goodlens.detectors.topology import Topology
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
@@ -418,12 +419,11 @@ def _host_rollup(hosts: pd.DataFrame, tags: dict[str, Any]) -> pd.DataFrame | No
     med = float(np.median(hosts["mean"]))
     h = hosts.assign(relative=hosts["mean"] / med - 1 if med > 0 else 0.0,
                      worst_relative=hosts.worst_rank_mean / med - 1 if med > 0 else 0.0)
-    sw = tags.get("switch_of_host")
-    per = tags.get("nodes_per_switch")
-    if isinstance(sw, dict) and sw:
-        h["switch"] = [str(sw.get(x, "?")) for x in h.host]
-    elif per:
-        h["switch"] = [str(i // int(per)) for i in range(len(h))]
+    # the detector's rule (a map, else nodes_per_switch over host names in natural order),
+    # so a host's switch here is the one its findings name
+    topo = Topology.from_run([str(x) for x in h.host], tags)
+    if topo.host_switch is not None:
+        h["switch"] = [str(topo.switch_name(int(topo.host_switch[i]))) for i in topo.rank_host]
     return h.reset_index(drop=True)
 
 

@@ -20,7 +20,7 @@ from goodlens.collector.replay import import_trace
 from goodlens.dashboard import figures as fig
 from goodlens.dashboard import pages
 from goodlens.dashboard.app import create_app, parse_path, whatif_changes
-from goodlens.dashboard.data import DashConfig, RunData
+from goodlens.dashboard.data import DashConfig, RunData, _host_rollup
 from goodlens.model.batch import Batch, validate_batch
 from goodlens.storage.store import Store
 
@@ -579,3 +579,18 @@ def test_the_findings_table_shows_both_slowdowns_with_their_meaning() -> None:
     assert titled == [("10.0%", "0.1004"), ("7.1%", "0.0712"), ("10.0%", "0.1004")]
     assert "collective" in next(c.title for c in cells if c.children == "10.0%")
     assert "job's step" in next(c.title for c in cells if c.children == "7.1%")
+
+
+def test_the_hosts_table_puts_a_host_behind_the_switch_its_findings_name():
+    """With ``nodes_per_switch``, a host's switch comes from the natural order of host
+    names (the detector's rule, #28), not from the order the hosts were given ranks in:
+    hosts given ranks as node-10, node-2, node-11, node-1, two per switch, sit behind
+    switches 1, 0, 1, 0 (node-1 and node-2 on 0, node-10 and node-11 on 1)."""
+    hosts = pd.DataFrame({"host": ["node-10", "node-2", "node-11", "node-1"],
+                          "mean": [1.0, 1.0, 1.1, 1.0], "worst_rank_mean": [1.0] * 4})
+    by_count = _host_rollup(hosts, {"nodes_per_switch": 2})
+    assert list(by_count.switch) == ["1", "0", "1", "0"]
+    by_map = _host_rollup(hosts, {"switch_of_host": {"node-10": "leaf-a", "node-2": "leaf-b",
+                                                     "node-11": "leaf-a", "node-1": "leaf-b"}})
+    assert list(by_map.switch) == ["leaf-a", "leaf-b", "leaf-a", "leaf-b"]
+    assert "switch" not in _host_rollup(hosts, {})
