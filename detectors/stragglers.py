@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,7 +40,7 @@ __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topol
            "detect_matrix", "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
 
 _MEDIAN_SE = 1.2533   # the standard error of a median of m normal values is ~1.2533 s / sqrt(m)
-#: Recent steps whose median times price a finding's ``job_slowdown``.
+#: Recent steps whose ready times price a finding's ``job_slowdown``.
 _RECENT = 64
 #: Steps prepared at once by :meth:`StragglerDetector.update_many`.
 _BLOCK = 256
@@ -175,12 +174,13 @@ class Finding:
     relative_to: str = "the rest of the job"
     """What the subject was compared with (its siblings one level up)."""
     job_slowdown: float | None = None
-    """What the subject costs the job per step: its excess time to reach the collective (the
-    slowdown times the typical time to reach it) over the step time the job would have
-    without that excess (0.1 = steps 10% longer than without it), priced with the medians of
-    the last 64 steps. Smaller than ``slowdown``
-    where collectives are a real share of the step (under FSDP2 they can be most of it);
-    None before a step time is known."""
+    """What the subject costs the job per step: how much later its latest rank reaches the
+    collective than the latest rank outside it (what the collective would wait for without
+    it; 0 where that one is later), over the step time the job would have without it (0.1 =
+    steps 10% longer than without it): medians over the last 64 steps since onset. Smaller
+    than ``slowdown`` where collectives are a real share of the step (under FSDP2 they can
+    be most of it) or where the other ranks' times spread; None where no step of the
+    subject's is known (or it covers every rank)."""
 
 
 @dataclass
@@ -197,6 +197,7 @@ class _Open:
     wait_before: float = 0.0       # wait accumulated in earlier attempts
     carried_at: int | None = None  # update count when a restart carried it over
     members: list[int] | None = None  # for a roll-up: the member units it stands for
+    attempt: int | None = None        # the detector's attempt at its first report
 
 
 class StragglerDetector:
@@ -233,6 +234,7 @@ class StragglerDetector:
             (0, *self._bounds, self._n_units))) if b > a]
         self._level_buf = np.empty(self._n_units)
         self._ff_totals: np.ndarray | None = None   # the fast path's scratch (fastforward)
+        self._recent = _Recent(n_ranks)
         self._k_floor = float(np.log1p(self.config.drift_k))
         self.attempt: int | None = None
         self._open: dict[int, _Open] = {}
@@ -256,7 +258,7 @@ class StragglerDetector:
         self.scales = [math.nan, math.nan, math.nan]
         self.med_ready = np.nan
         self.step_time = np.nan
-        self._recent: deque[tuple[float, float, bool]] = deque(maxlen=_RECENT)
+        self._recent.clear()
         self.updates = 0
         self._excl = np.zeros(self.n, bool)
         self._ex = excluded(self.layout, self._excl, ~self._sus)
@@ -302,11 +304,13 @@ class StragglerDetector:
                 done = fast_forward(self, blk, j, steps, times, rows.start) \
                     if len(blk.ref) - j > 1 else 0
                 if done:
+                    self._recent.add(steps[i:i + done], m[i:i + done], times[i:i + done])
                     i, j = i + done, j + done
                     continue
                 i, j = i + 1, j + 1
                 if not blk.scored[j - 1]:
                     continue
+                self._recent.add_one(steps[i - 1], m[i - 1], times[i - 1])
                 out += self._advance(blk, j - 1, int(steps[i - 1]), times[i - 1], attempt)
                 if self._suspects_moved():
                     break   # the rest of the block is prepared again for the new set
@@ -338,7 +342,6 @@ class StragglerDetector:
         st = step_time_s if step_time_s and step_time_s > 0 else ref_s
         self.med_ready = _ewma(self.med_ready, ref_s)
         self.step_time = _ewma(self.step_time, st)
-        self._recent.append((ref_s, st, self._ex.keep is not None))
 
     def _level_scales(self, spread: list[float]) -> list[float]:
         """Per level (rank, host, switch) the noise scale: the spread across the level's
@@ -461,7 +464,8 @@ class StragglerDetector:
             kind, sid = self._subject(i)
             first = u.onset(members if members is not None else [i], step)
             o = self._open[i] = _Open(f"{attempt}/{kind}/{self.layout.name(kind, sid)}/"
-                                      f"{first}", first, step, members=members)
+                                      f"{first}", first, step, members=members,
+                                      attempt=self.attempt)
         else:
             o.seq += 1
         f = self._finding(i, step, attempt, o)
@@ -510,26 +514,12 @@ class StragglerDetector:
         conf = float(np.clip(1.0 - 0.5 * cfg.threshold_h / max(score, 1e-9), 0.0, 1.0))
         host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
             None, None, "the rest of the job")
-        job = self._job_slowdown(slow)
+        # (a finding from an earlier attempt: every step of this one, restored ones included)
+        job = self._recent.job_slowdown(members, o.first_step if o.attempt == self.attempt
+                                        else None)
         return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
                        max(wait, 0.0), per_hour, action, conf, attempt, "update", o.id, step,
                        host, sw, rel, job)
-
-    def _job_slowdown(self, slow: float) -> float | None:
-        """What a subject ``slow`` (relative excess) costs a step: its excess in seconds
-        over the step time without it, from the medians of the last ``_RECENT`` steps'
-        reference time to reach the collective and step time (medians: a loaded machine's
-        few long steps would drag a mean). The reference is taken from the steps whose
-        reference left the suspects out, when there are any: in a small job a slow rank
-        inside it moves it (one of 4 ranks 40% slow moved it 6% up)."""
-        if not self._recent:
-            return None
-        recent = np.asarray(self._recent)
-        clean = recent[recent[:, 2] > 0]
-        ref = float(np.median((clean if len(clean) else recent)[:, 0]))
-        st = float(np.median(recent[:, 1]))
-        excess = max(slow, 0.0) * ref  # seconds a step waits on it, typically
-        return excess / (float(st) - excess) if st > excess else None
 
     def active(self) -> list[Finding]:
         """The open findings with their current estimates (status ``update``), in order of
@@ -537,6 +527,66 @@ class StragglerDetector:
         out = [self._finding(i, self._last_step, self.attempt, o)
                for i, o in self._open.items()]
         return sorted(out, key=lambda f: (f.detected_step, f.id))
+
+
+class _Recent:
+    """The last ``_RECENT`` scored steps of the attempt as they came in: every rank's time to
+    reach the collective, the step and its duration (NaN: not known). A ring: a step costs
+    one row's copy (O(ranks)); a subject's cost is read off it only when a finding is
+    reported (O(``_RECENT`` x ranks), once per report)."""
+
+    def __init__(self, n_ranks: int) -> None:
+        self.ready = np.full((_RECENT, n_ranks), np.nan, np.float32)
+        self.step = np.zeros(_RECENT, np.int64)
+        self.time = np.full(_RECENT, np.nan)
+        self.count = 0   # steps added since the attempt began (rows: the last _RECENT)
+
+    def clear(self) -> None:
+        """Forget every step (a new attempt)."""
+        self.count = 0
+
+    def add_one(self, step: int, ready: np.ndarray, step_time_s: float | None) -> None:
+        at = self.count % _RECENT
+        self.ready[at] = ready
+        self.step[at] = step
+        self.time[at] = step_time_s if step_time_s and step_time_s > 0 else math.nan
+        self.count += 1
+
+    def add(self, steps: Sequence[int], ready: np.ndarray,
+            step_times: Sequence[float | None]) -> None:
+        lo = max(0, len(steps) - _RECENT)   # (at most a ring's worth: the last rows)
+        at = (self.count + np.arange(lo, len(steps))) % _RECENT
+        self.ready[at] = ready[lo:]
+        self.step[at] = steps[lo:]
+        self.time[at] = [t if t and t > 0 else math.nan for t in step_times[lo:]]
+        self.count += len(steps)
+
+    def job_slowdown(self, ranks: list[int], since: int | None) -> float | None:
+        """What the subject covering ``ranks`` costs the job per step. Per step (from step
+        ``since`` on, when given) the job loses the time its latest rank reaches the
+        collective after the latest rank outside it (none where one outside is later): the
+        collective waits for the slowest rank, so without the subject the step would end
+        that much sooner. The median of that loss over the median step without it (the
+        step's duration less the loss; unknown durations: the latest rank's time).
+        Medians: what a persistent cause costs a typical step, which a single long step
+        (a GC pause of the subject, a hiccup of any other rank) does not move."""
+        k = min(self.count, _RECENT)
+        rows = np.arange(k) if since is None else np.flatnonzero(self.step[:k] >= since)
+        if not len(rows) or len(ranks) >= self.ready.shape[1]:
+            return None
+        x = self.ready[rows].astype(float)   # (a copy: the subject's columns are blanked)
+        inside = np.fmax.reduce(x[:, ranks], axis=1)   # (fmax: NaN only where all are)
+        x[:, ranks] = np.nan
+        outside = np.fmax.reduce(x, axis=1)
+        loss = np.maximum(inside - outside, 0.0)
+        ok = np.isfinite(loss)
+        if not ok.any():
+            return None
+        t = self.time[rows]
+        t = np.where(np.isnan(t), np.fmax(inside, outside), t)[ok]
+        lost = float(np.median(loss[ok]))
+        base = float(np.median(t - loss[ok]))
+        return lost / base if base > 0 else None
 
 
 def _ewma(old: float, new: float, alpha: float = 0.1) -> float:

@@ -464,3 +464,52 @@ def test_batch_fast_path_emits_what_the_streaming_path_emits():
             for k, v in vars(g).items():
                 assert getattr(f, k) == (pytest.approx(v, rel=1e-7) if isinstance(v, float)
                                          else v), (k, f, g)
+
+
+def _rotate(values: list[float], steps: range, ranks: int) -> np.ndarray:
+    """Rank r at step s takes ``values[(r + s) % len(values)]``: every rank the same median
+    over time, each step the same set of values."""
+    return np.array([[values[(r + s) % len(values)] for r in range(ranks)] for s in steps])
+
+
+@pytest.mark.parametrize("with_step_time", [True, False])
+def test_job_slowdown_is_the_excess_over_the_latest_of_the_other_ranks(with_step_time):
+    """5 ranks; from step 20 ranks 0-3 reach the collective at 0.80, 0.82, 0.84 and 0.86 s
+    (rotating among them), rank 4 at 0.95 s; the step ends 0.05 s after the latest. By hand:
+    without rank 4 every step would end 0.86 + 0.05 = 0.91 s instead of 1.00 s, so the job
+    loses 0.09 s a step: 0.09 / 0.91 = 0.0989 (over the others' median, 0.83, it would read
+    0.12 / 0.88 = 0.136). Without step times the step is taken to end at the latest rank:
+    0.09 / (0.95 - 0.09) = 0.1047. The first report (at step 28, onset estimated at step
+    19, where rank 4 happened to be the latest at 0.86 s) already prices only the steps
+    since the onset: the 19 quiet steps before it, still among the last 64, would have made
+    the median loss 0."""
+    x = np.vstack([_rotate([0.80, 0.82, 0.84, 0.86, 0.83], range(20), 5),
+                   np.column_stack([_rotate([0.80, 0.82, 0.84, 0.86], range(20, 100), 4),
+                                    np.full(80, 0.95)])])
+    times = (x.max(axis=1) + 0.05).tolist() if with_step_time else None
+    det = StragglerDetector(None, 5)
+    out = det.update_many(range(100), x, times)
+    want = 0.09 / 0.91 if with_step_time else 0.09 / 0.86
+    assert out[0].status == "new" and out[0].subject_id == 4 and 19 <= out[0].first_step <= 20
+    assert out[0].job_slowdown == pytest.approx(want, rel=1e-5)
+    (f,) = det.active()
+    assert f.job_slowdown == pytest.approx(want, rel=1e-5)
+
+
+def test_a_hosts_job_slowdown_is_its_latest_rank_over_the_latest_outside_it():
+    """4 hosts of 3 ranks; from step 20 the 9 ranks of hosts h0, h1 and h3 reach the
+    collective at 0.80-0.86 s (9 values 7.5 ms apart, rotating), host h2's 3 ranks at 0.91,
+    0.93 and 0.95 s (rotating: no one of them is slower than the others); the step ends
+    0.05 s after the latest. By hand: the host's latest rank is at 0.95 s, the latest
+    outside it at 0.86 s: the job loses 0.09 s of each 1.00 s step, 0.09 / 0.91 = 0.0989
+    (one of its ranks alone would lose 0.07 s; its median over the others' 0.10 s)."""
+    others = [0.80 + 0.0075 * i for i in range(9)]
+    x = np.empty((100, 12))
+    x[:20] = _rotate([0.80 + 0.06 * i / 11 for i in range(12)], range(20), 12)
+    x[20:, [0, 1, 2, 3, 4, 5, 9, 10, 11]] = _rotate(others, range(20, 100), 9)
+    x[20:, 6:9] = _rotate([0.91, 0.93, 0.95], range(20, 100), 3)
+    det = StragglerDetector(None, 12, Topology.from_hosts([f"h{r // 3}" for r in range(12)]))
+    det.update_many(range(100), x, (x.max(axis=1) + 0.05).tolist())
+    (f,) = det.active()
+    assert (f.subject_kind, f.subject_id, f.ranks) == ("host", "h2", [6, 7, 8])
+    assert f.job_slowdown == pytest.approx(0.09 / 0.91, rel=1e-5)
