@@ -58,3 +58,34 @@ def test_every_planted_subject_is_found_as_itself(found) -> None:
     assert by[("rank", 21)].relative_to == "the other ranks of host node-0002"
     assert by[("host", "node-0000")].relative_to == "the other hosts behind switch 0"
     assert by[("switch", 0)].ranks == list(range(32))
+
+
+def test_the_demo_stragglers_job_slowdown_is_what_the_generator_says_the_job_lost(tmp_path):
+    """``sample_data/demo``: rank 5 (the planted finding of its ``ground_truth.json``) is 10%
+    slow in its 0.8 s compute among 8 ranks with 2% noise. By the generator's recipe
+    (``sample_data/generate.py``) a step lasts until the latest rank's compute and data
+    wait are done, plus a 0.15 s all-reduce: without rank 5 it would have ended 0.15 s after
+    the latest of the *other* 7. Summed over the slow steps of both attempts from the step
+    rows, that is what the job lost over what it would have taken: 5.8% (over the others'
+    median, not their latest, rank 5's excess read 8.3%). ``job_slowdown`` within 20%."""
+    import pandas as pd
+
+    demo = ROOT / "sample_data" / "demo"
+    (planted,) = json.loads((demo / "ground_truth.json").read_text())["findings"]
+    rows = pd.read_parquet(demo / "steps.parquet")
+    rows = rows[rows.step >= planted["first_step"]].assign(
+        ready=rows.compute_s + rows.data_wait_s)
+    per_step = rows.groupby(["attempt", "step"])
+    dur = per_step.duration_s.first()
+    assert (dur - per_step.ready.max() - 0.15).abs().max() < 1e-9   # the recipe, as written
+    without = rows[rows["rank"] != planted["id"]].groupby(["attempt", "step"]).ready.max() + 0.15
+    truth = float((dur - without).sum() / without.sum())
+    assert 0.055 < truth < 0.06
+    store = Store(tmp_path / "s.duckdb")
+    import_trace(store, demo)
+    try:
+        (f,) = detect_run(store, "demo-8x")
+    finally:
+        store.close()
+    assert (f.subject_kind, f.subject_id) == ("rank", planted["id"])
+    assert abs(f.job_slowdown - truth) <= 0.2 * truth, (f.job_slowdown, truth)
