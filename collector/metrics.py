@@ -182,8 +182,9 @@ def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
                              "detector and its evict action compare)",
                              labels=["run", "kind", "subject", "action"])
     job = GaugeMetricFamily("goodlens_straggler_job_slowdown_ratio", "What each flagged "
-                            "rank, host or switch costs the job's step: its excess over the "
-                            "step time the job would have without it",
+                            "rank, host or switch costs the job's step: how much later it "
+                            "reaches the collective than the latest rank outside it, over "
+                            "the step time the job would have without it",
                             labels=["run", "kind", "subject", "action"])
     cost = GaugeMetricFamily("goodlens_straggler_wait_per_hour_seconds", "Wait a flagged "
                              "subject costs per hour if left alone",
