@@ -1,4 +1,4 @@
-"""End-to-end: a 4-rank Hugging Face ``Trainer`` job under torchrun with planted faults,
+"""End-to-end: a 3-rank Hugging Face ``Trainer`` job under torchrun with planted faults,
 checked against the job's own clock (``examples/integrations/train_hf.py``).
 
 Why: the Trainer owns the loop, so goodlens hooks into it (``goodlens.exporter.hf``); each
@@ -9,6 +9,13 @@ steps, rank 2 slowed by a planted sleep from step 5, an evaluation every 15 step
 checkpoint every 10, rank 1 killed at step 35 of attempt 0 and the job resumed by
 ``train(resume_from_checkpoint=checkpoint-30)``. Expected values come from the job's files
 only (``tests/e2e/framework_jobs.py``).
+
+Three ranks, not four: the Trainer's own CPU per step is ~10 ms a rank, and 4 ranks on 2
+cores queue for the CPU. The latest of the healthy ranks then reaches the collective late
+by however the scheduler interleaved them, which is what the job really waits for without
+the slowed rank, so ``job_slowdown`` (measured against that latest rank) read 10-30% under
+the planted sleep's cost in three 4-rank runs (0.41, 0.32 against 0.45, 0.46); at 3 ranks
+it read 7% and 15% under (0.48, 0.43 against 0.52, 0.50).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
 STEPS, CKPT, EVAL, ACCUM, COMPUTE_MS, EVAL_MS = 110, 10, 20, 2, 20.0, 150.0
-# 25 ms: the slowed rank's own work is also ~2 ms slower than the others' while 3 ranks poll
+# 25 ms: the slowed rank's own work is also ~2 ms slower than the others' while the other ranks poll
 # for it on 2 cores (contention the planted sleep induces, outside the job's clock); against
 # 15 ms that alone was +13% of the truth
 SLOW_RANK, SLOW_MS, SLOW_FROM = 2, 25.0, 10
@@ -51,7 +58,7 @@ def job(tmp_path_factory):
                    "--slow-ms", str(SLOW_MS), "--slow-from", str(SLOW_FROM),
                    "--kill-rank", str(KILL_RANK), "--kill-at", str(KILL_AT),
                    "--stall-at", ",".join(map(str, STALL_AT)), "--stall-ms", str(STALL_MS),
-                   restarts=1, detect_wait=3.0)
+                   restarts=1, detect_wait=3.0, nproc=3)
 
 
 def test_restart_and_recompute_match_the_jobs_clock(job):
@@ -91,7 +98,7 @@ def test_the_slowed_rank_is_found_as_itself_with_its_slowdown(job):
 
 
 def test_a_stalled_data_loader_is_input_stall(job):
-    # the shortest of the 4 ranks' 300 ms stalls, per stalled step: the fetch the step's
+    # the shortest of the 3 ranks' 300 ms stalls, per stalled step: the fetch the step's
     # data wait times holds the stall, the collation and the other micro-batch (~1 ms)
     assert job.report["other_parts"]["input_stall"] == pytest.approx(true_stall(job),
                                                                       rel=0.10)
