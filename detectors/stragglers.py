@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from goodlens.detectors.fastforward import fast_forward
+from goodlens.detectors.jobcost import RecentSteps
 from goodlens.detectors.matrix import StepMatrix, frame_matrix
 from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
 from goodlens.detectors.scoring import Block, Units, capped_scores, excluded, prepare
@@ -40,8 +41,6 @@ __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topol
            "detect_matrix", "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
 
 _MEDIAN_SE = 1.2533   # the standard error of a median of m normal values is ~1.2533 s / sqrt(m)
-#: Recent steps whose ready times price a finding's ``job_slowdown``.
-_RECENT = 64
 #: Steps prepared at once by :meth:`StragglerDetector.update_many`.
 _BLOCK = 256
 
@@ -234,7 +233,7 @@ class StragglerDetector:
             (0, *self._bounds, self._n_units))) if b > a]
         self._level_buf = np.empty(self._n_units)
         self._ff_totals: np.ndarray | None = None   # the fast path's scratch (fastforward)
-        self._recent = _Recent(n_ranks)
+        self._recent = RecentSteps(n_ranks)
         self._k_floor = float(np.log1p(self.config.drift_k))
         self.attempt: int | None = None
         self._open: dict[int, _Open] = {}
@@ -527,66 +526,6 @@ class StragglerDetector:
         out = [self._finding(i, self._last_step, self.attempt, o)
                for i, o in self._open.items()]
         return sorted(out, key=lambda f: (f.detected_step, f.id))
-
-
-class _Recent:
-    """The last ``_RECENT`` scored steps of the attempt as they came in: every rank's time to
-    reach the collective, the step and its duration (NaN: not known). A ring: a step costs
-    one row's copy (O(ranks)); a subject's cost is read off it only when a finding is
-    reported (O(``_RECENT`` x ranks), once per report)."""
-
-    def __init__(self, n_ranks: int) -> None:
-        self.ready = np.full((_RECENT, n_ranks), np.nan, np.float32)
-        self.step = np.zeros(_RECENT, np.int64)
-        self.time = np.full(_RECENT, np.nan)
-        self.count = 0   # steps added since the attempt began (rows: the last _RECENT)
-
-    def clear(self) -> None:
-        """Forget every step (a new attempt)."""
-        self.count = 0
-
-    def add_one(self, step: int, ready: np.ndarray, step_time_s: float | None) -> None:
-        at = self.count % _RECENT
-        self.ready[at] = ready
-        self.step[at] = step
-        self.time[at] = step_time_s if step_time_s and step_time_s > 0 else math.nan
-        self.count += 1
-
-    def add(self, steps: Sequence[int], ready: np.ndarray,
-            step_times: Sequence[float | None]) -> None:
-        lo = max(0, len(steps) - _RECENT)   # (at most a ring's worth: the last rows)
-        at = (self.count + np.arange(lo, len(steps))) % _RECENT
-        self.ready[at] = ready[lo:]
-        self.step[at] = steps[lo:]
-        self.time[at] = [t if t and t > 0 else math.nan for t in step_times[lo:]]
-        self.count += len(steps)
-
-    def job_slowdown(self, ranks: list[int], since: int | None) -> float | None:
-        """What the subject covering ``ranks`` costs the job per step. Per step (from step
-        ``since`` on, when given) the job loses the time its latest rank reaches the
-        collective after the latest rank outside it (none where one outside is later): the
-        collective waits for the slowest rank, so without the subject the step would end
-        that much sooner. The median of that loss over the median step without it (the
-        step's duration less the loss; unknown durations: the latest rank's time).
-        Medians: what a persistent cause costs a typical step, which a single long step
-        (a GC pause of the subject, a hiccup of any other rank) does not move."""
-        k = min(self.count, _RECENT)
-        rows = np.arange(k) if since is None else np.flatnonzero(self.step[:k] >= since)
-        if not len(rows) or len(ranks) >= self.ready.shape[1]:
-            return None
-        x = self.ready[rows].astype(float)   # (a copy: the subject's columns are blanked)
-        inside = np.fmax.reduce(x[:, ranks], axis=1)   # (fmax: NaN only where all are)
-        x[:, ranks] = np.nan
-        outside = np.fmax.reduce(x, axis=1)
-        loss = np.maximum(inside - outside, 0.0)
-        ok = np.isfinite(loss)
-        if not ok.any():
-            return None
-        t = self.time[rows]
-        t = np.where(np.isnan(t), np.fmax(inside, outside), t)[ok]
-        lost = float(np.median(loss[ok]))
-        base = float(np.median(t - loss[ok]))
-        return lost / base if base > 0 else None
 
 
 def _ewma(old: float, new: float, alpha: float = 0.1) -> float:
