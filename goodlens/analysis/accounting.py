@@ -67,7 +67,7 @@ from goodlens.analysis.intervals import (
     union,
 )
 from goodlens.analysis.stepwaits import step_waits
-from goodlens.analysis.window import run_span
+from goodlens.analysis.window import as_known_at, run_span
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
@@ -307,35 +307,6 @@ def account_run(source: RunReader, run_id: str, now: float | None = None, *,
                    world_size=None if is_missing(world) else int(world),
                    gpus_per_rank=1 if is_missing(per_rank) else int(per_rank) or 1,
                    spare_gpus=0 if is_missing(spare) else int(spare), now=now)
-
-
-def as_known_at(attempts: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,
-                t: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """A run's attempts, step summaries and events as they stood at instant ``t``: the
-    steps that had ended and the events that had happened by then, attempts started by
-    then, and an attempt that ended (or was found to have failed) after ``t`` still in
-    progress. So a window reads as it did during an incident, without the hindsight of
-    later rollbacks. Rows are taken as known when they happened (an exporter's delivery
-    delay, seconds, is not modelled). ValueError if the run had not started by ``t``."""
-    a = attempts[attempts.start.astype(float) <= t].copy() if len(attempts) else attempts
-    if not len(a):
-        raise ValueError("the run had not started at --as-of")
-    a = a.sort_values("attempt").reset_index(drop=True)
-    ended_later = a.end.isna().to_numpy() | (a.end.astype(float) > t).to_numpy()
-    # a failure inferred from a later attempt is unknown until that attempt starts
-    ended_later[-1] = ended_later[-1] or a.end_reason.iloc[-1] == "unknown"
-    a.loc[ended_later, "end"] = np.nan
-    a["end_reason"] = a.end_reason.astype(object)
-    a.loc[ended_later, "end_reason"] = None
-    a["last_activity"] = np.minimum(a.last_activity.astype(float).fillna(t), t)
-    if len(steps):
-        done = steps.step_end if "step_end" in steps else steps.step_start + \
-            steps.duration_median
-        steps = steps[(done.astype(float) <= t).to_numpy()
-                      & steps.attempt.isin(a.attempt).to_numpy()]
-    if len(events):
-        events = events[events.time.astype(float) <= t]
-    return a, steps, events
 
 
 def account(run_id: str, attempts: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from goodlens.analysis.accounting import account_run, as_known_at
+from goodlens.analysis.accounting import account_run
+from goodlens.analysis.window import as_known_at
 from goodlens.analysis.worlds import attempt_worlds
 from goodlens.model.jsonable import is_missing
 from goodlens.storage.reader import RunReader

@@ -6,13 +6,15 @@ before its end), or the numbers on the page and the command's would differ for t
 URL. The dashboard's presets ("last 1 h", ...) are the ``-1h`` form: the last hour of the
 run, up to its end (now, for a run in progress). A page that does not account the run (the
 ranks page) reads the run's start and end from its attempts (:func:`run_span`), as the
-accounting does.
+accounting does. A window read as it stood at an instant (``--as-of``, without the
+hindsight of later rollbacks) takes the run's rows as they were then (:func:`as_known_at`).
 """
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import pandas as pd
 
 from goodlens.model.jsonable import is_missing
@@ -63,3 +65,32 @@ def window_of(since: str | float | None, until: str | float | None,
     if span is None:
         raise ValueError("the run has no attempt to read the window against")
     return resolve_window(since, until, *span)
+
+
+def as_known_at(attempts: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,
+                t: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """A run's attempts, step summaries and events as they stood at instant ``t``: the
+    steps that had ended and the events that had happened by then, attempts started by
+    then, and an attempt that ended (or was found to have failed) after ``t`` still in
+    progress. So a window reads as it did during an incident, without the hindsight of
+    later rollbacks. Rows are taken as known when they happened (an exporter's delivery
+    delay, seconds, is not modelled). ValueError if the run had not started by ``t``."""
+    a = attempts[attempts.start.astype(float) <= t].copy() if len(attempts) else attempts
+    if not len(a):
+        raise ValueError("the run had not started at --as-of")
+    a = a.sort_values("attempt").reset_index(drop=True)
+    ended_later = a.end.isna().to_numpy() | (a.end.astype(float) > t).to_numpy()
+    # a failure inferred from a later attempt is unknown until that attempt starts
+    ended_later[-1] = ended_later[-1] or a.end_reason.iloc[-1] == "unknown"
+    a.loc[ended_later, "end"] = np.nan
+    a["end_reason"] = a.end_reason.astype(object)
+    a.loc[ended_later, "end_reason"] = None
+    a["last_activity"] = np.minimum(a.last_activity.astype(float).fillna(t), t)
+    if len(steps):
+        done = steps.step_end if "step_end" in steps else steps.step_start + \
+            steps.duration_median
+        steps = steps[(done.astype(float) <= t).to_numpy()
+                      & steps.attempt.isin(a.attempt).to_numpy()]
+    if len(events):
+        events = events[events.time.astype(float) <= t]
+    return a, steps, events
