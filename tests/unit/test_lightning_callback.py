@@ -8,6 +8,7 @@ job's clock; these check the hook-order logic those sums rest on, in millisecond
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -157,10 +158,14 @@ def test_saves_and_restores_are_recorded_around_the_real_calls(tmp_path) -> None
 
 def test_an_async_save_is_durable_when_its_thread_wrote_the_file(tmp_path) -> None:
     written: list[str] = []
+    # the background write waits until the blocking part was checked: unheld, a loaded
+    # machine let the thread write (and record durable) before the caller's blocking end
+    blocking_checked = threading.Event()
 
     class Inner:
         def save_checkpoint(self, checkpoint: dict, path: Any, storage_options: Any = None
                             ) -> None:
+            assert blocking_checked.wait(10)
             (tmp_path / path).write_bytes(b"y" * 77)
             written.append(path)
 
@@ -173,6 +178,7 @@ def test_an_async_save_is_durable_when_its_thread_wrote_the_file(tmp_path) -> No
     cb._wrap_save(trainer)
     trainer.save_checkpoint(str(tmp_path / "b.ckpt"))
     assert [k for k, _ in exp.events] == ["ckpt_save_start", "ckpt_save_blocking_end"]
+    blocking_checked.set()
     io.teardown()  # waits for the thread's write
     assert written and exp.events[-1] == ("ckpt_save_durable_end",
                                           {"bytes": 77, "step": 59, "tier": "durable"})
