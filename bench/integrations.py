@@ -19,6 +19,25 @@ the scheduler's noise between separate jobs barely moves.
 
     .venv/bin/python bench/integrations.py [--frameworks fsdp2,lightning,hf] [--pairs 6]
         [--steps 300] [--nproc 2] [--compute-ms 20]
+
+``--in-process`` pairs the two arms inside one process instead
+(``bench/_framework_fits.py``: a world-1 gloo group, every step timed by the job's own
+code). FSDP2's arms are two models in one loop, steps alternating between them as in
+``bench/torch_modes.py``, cut into ``--pairs`` blocks of ``--steps``; a callback cannot be
+switched per step, so Lightning's and the Trainer's arms are whole fits alternating plain
+and goodlens, ``--pairs`` of each. Per pair: the goodlens arm's median step over the plain
+arm's (wall), the difference of the median training-thread CPU per step and of the mean
+process CPU per step, as shares of the plain arm's median step; medians over pairs with 95%
+bootstrap intervals, and the wall column's verdict. On this VM the CPU a step takes moves by
+about 1 ms from one fit to the next whatever the arm, which the fits' intervals show. So one
+more goodlens fit runs under a profiler that sums the CPU time of goodlens's own frames on
+the training thread (``_framework_fits.SelfTime``: the framework's code, the collective and
+the garbage collector left out, the profiler's own per-event cost calibrated on a frame of
+known cost and subtracted), and the unprofiled goodlens fits give the flusher thread's CPU
+per step: their sum, over the plain step, is what goodlens executes per step, and decides
+the last column:
+
+    .venv/bin/python bench/integrations.py --in-process [--pairs 8] [--steps 150]
 """
 
 from __future__ import annotations
@@ -29,14 +48,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import machine, table  # noqa: E402
+from bench._common import free_port, machine, table  # noqa: E402
 from bench.torch_overhead import Sink  # noqa: E402
 
 SCRIPTS = {"fsdp2": "train_fsdp2.py", "lightning": "train_lightning.py", "hf": "train_hf.py"}
@@ -79,6 +100,74 @@ def verdict(ci: tuple[float, float, float], target: float = 0.01) -> str:
     return "met" if ci[2] <= target else "unresolved" if ci[0] <= target else "over"
 
 
+def _pairs(name: str, fit: Any, sink: Sink, args: argparse.Namespace
+           ) -> Iterator[dict[bool, np.ndarray]]:
+    """Per pair, each arm's steps (``{goodlens on: rows}``): FSDP2's from one loop whose
+    steps alternate between the arms (``fsdp2_interleaved``), cut into ``--pairs`` blocks;
+    the callbacks' from whole fits alternating plain and goodlens."""
+    if name == "fsdp2":
+        from bench._framework_fits import fsdp2_interleaved
+        n = args.pairs * args.steps
+        plain, on = (np.array(x[args.skip:]) for x in
+                     fsdp2_interleaved(sink.url, n + args.skip, args.compute_ms, "fsdp2"))
+        for b in range(args.pairs):
+            block = slice(b * args.steps, (b + 1) * args.steps)
+            yield {False: plain[block], True: on[block]}
+        return
+    for i in range(args.pairs):
+        got: dict[bool, np.ndarray] = {}
+        for on in ((False, True) if i % 2 == 0 else (True, False)):
+            steps = fit(sink.url if on else None, args.steps, args.compute_ms, f"{name}-{i}")
+            got[on] = np.array(steps[args.skip:])
+        yield got
+
+
+def in_process(args: argparse.Namespace, sink: Sink) -> list[list[str]]:
+    """The table's rows from fits alternating in this process (``bench/_framework_fits``)."""
+    from bench._framework_fits import FITS, event_leak, world_one
+
+    world_one(free_port())
+    leak = event_leak()
+    print(f"profiler: {leak * 1e6:.2f} us per event inside a goodlens frame", file=sys.stderr)
+    rows = []
+    for name in args.frameworks.split(","):
+        fit = FITS[name]
+        wall, thread, proc, plain_ms, flusher = [], [], [], [], []
+        fit(sink.url, args.skip + 10, args.compute_ms, f"{name}-warm")  # imports, first use
+        for i, got in enumerate(_pairs(name, fit, sink, args)):
+            base = float(np.median(got[False][:, 0]))
+            plain_ms.append(base * 1e3)
+            wall.append(float(np.median(got[True][:, 0])) / base - 1.0)
+            # the training thread's goodlens work is in every step: medians, robust to a
+            # step that another process's burst slowed; the flusher's is in one step a
+            # second: means
+            thread.append((np.median(got[True][:, 1]) - np.median(got[False][:, 1])) / base)
+            proc.append((got[True][:, 2].mean() - got[False][:, 2].mean()) / base)
+            # (interleaved, the flusher also runs during the plain arm's steps)
+            flusher.append(float(got[True][:, 4].mean() + got[False][:, 4].mean()))
+            print(f"{name} pair {i}: plain {base * 1e3:.2f} ms, wall {wall[-1]:+.2%}, "
+                  f"thread CPU {thread[-1]:+.2%}, process CPU {proc[-1]:+.2%}",
+                  file=sys.stderr)
+        cw, ct, cp = (median_ci(np.array(v)) for v in (wall, thread, proc))
+        # what goodlens itself executes: its frames on the training thread (one profiled
+        # fit) and its flusher thread (the unprofiled goodlens fits), per step
+        att = np.array(fit(sink.url, args.steps, args.compute_ms, f"{name}-attr",
+                           attribute=True)[args.skip:])
+        own = float(np.mean(att[:, 3]) - leak * np.mean(att[:, 5]))
+        flush = float(np.median(flusher))
+        print(f"{name}: goodlens frames {np.mean(att[:, 3]) * 1e6:.0f} us a step as "
+              f"profiled, {np.mean(att[:, 5]):.0f} events inside them", file=sys.stderr)
+        base = statistics.median(plain_ms) / 1e3
+        share = (own + flush) / base
+        rows.append([name, f"{base * 1e3:.2f}",
+                     f"{cw[0]:+.2%} [{cw[1]:+.2%}, {cw[2]:+.2%}]", verdict(cw),
+                     f"{ct[0]:+.2%} [{ct[1]:+.2%}, {ct[2]:+.2%}]",
+                     f"{cp[0]:+.2%} [{cp[1]:+.2%}, {cp[2]:+.2%}]",
+                     f"{own * 1e6:.0f} + {flush * 1e6:.0f}", f"{share:.2%}",
+                     "met" if share <= 0.01 else "over"])
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frameworks", default="fsdp2,lightning,hf")
@@ -89,9 +178,25 @@ def main() -> int:
     ap.add_argument("--compute-ms", type=float, default=20.0)
     ap.add_argument("--flush-interval", type=float, default=1.0,
                     help="the exporter's flush interval (its default, 1 s; the tests use 0.2)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="pair the arms inside one process (world-1 gloo), fit by fit")
     args = ap.parse_args()
     rows = []
     sink = Sink()
+    if args.in_process:
+        try:
+            rows = in_process(args, sink)
+        finally:
+            sink.stop()
+        print(f"{machine()}; in one process (world 1), {args.steps} steps per fit "
+              f"({args.skip} skipped), {args.compute_ms:g} ms planted compute, "
+              f"{args.pairs} pairs of fits")
+        print(table(rows, ["framework", "plain step (ms)", "wall over plain [95% CI]",
+                           "<= 1%", "training-thread CPU over plain [95% CI]",
+                           "process CPU over plain [95% CI]",
+                           "goodlens CPU per step: own + flusher (us)", "of the step",
+                           "<= 1%"]))
+        return 0
     try:
         with tempfile.TemporaryDirectory(prefix="gl-integrations-") as d:
             tmp = Path(d)
