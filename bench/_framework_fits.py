@@ -225,7 +225,7 @@ def fsdp2(url: str | None, steps: int, compute_ms: float, run_id: str,
 def fsdp2_interleaved(url: str, steps: int, compute_ms: float, run_id: str
                       ) -> tuple[Steps, Steps]:
     """``bench/torch_modes.py``'s design for FSDP2, whose timing is per model: two alike
-    sharded models in one loop, steps alternating between the plain one (a disabled
+    sharded models in one loop of ``steps`` steps, alternating between the plain one (a disabled
     exporter's scopes, no ``instrument``) and the instrumented one (an enabled exporter
     pushing to ``url``, its scopes, every all-gather and reduce-scatter timed), so that the
     machine's drift hits both arms alike. Returns (plain steps, goodlens steps)."""
@@ -247,7 +247,7 @@ def fsdp2_interleaved(url: str, steps: int, compute_ms: float, run_id: str
         if on:
             gl.instrument(model, exp)
         arms.append((exp, model, torch.optim.SGD(model.parameters(), lr=0.01), _Marks()))
-    for step in range(2 * steps):
+    for step in range(steps):
         exp, model, opt, marks = arms[(step + step // 2) % 2]  # plain, gl; gl, plain; ...
         marks.mark()
         with exp.step(step // 2):
@@ -266,12 +266,11 @@ def fsdp2_interleaved(url: str, steps: int, compute_ms: float, run_id: str
     return out[0], out[1]
 
 
-def lightning(url: str | None, steps: int, compute_ms: float, run_id: str,
-              attribute: bool = False) -> Steps:
+def _lightning_fit(steps: int, compute_ms: float, callbacks: list[Any]) -> None:
+    """``Trainer(strategy="ddp", devices=1)`` over an MLP whose every step sleeps
+    ``compute_ms`` (the planted compute), one epoch of ``steps`` batches."""
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
-
-    marks = _Marks(attribute)
 
     class Job(pl.LightningModule):
         def __init__(self) -> None:
@@ -286,6 +285,22 @@ def lightning(url: str | None, steps: int, compute_ms: float, run_id: str,
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(steps * 16, 32, generator=g),
+                         torch.randn(steps * 16, 1, generator=g))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", max_steps=steps,
+                         callbacks=callbacks, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(Job(), DataLoader(data, batch_size=16))
+
+
+def lightning(url: str | None, steps: int, compute_ms: float, run_id: str,
+              attribute: bool = False) -> Steps:
+    import lightning.pytorch as pl
+
+    marks = _Marks(attribute)
+
     class Clock(pl.Callback):
         def on_train_batch_end(self, *a: Any) -> None:
             marks.mark()
@@ -294,38 +309,64 @@ def lightning(url: str | None, steps: int, compute_ms: float, run_id: str,
     if url:
         from goodlens.exporter.lightning import GoodlensCallback
         callbacks.append(GoodlensCallback(run_id=run_id, url=url, hooks=False))
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(steps * 16, 32, generator=g),
-                         torch.randn(steps * 16, 1, generator=g))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", max_steps=steps,
-                         callbacks=callbacks, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, limit_val_batches=0)
     marks.start()
     try:
-        trainer.fit(Job(), DataLoader(data, batch_size=16))
+        _lightning_fit(steps, compute_ms, callbacks)
     finally:
         marks.stop()
     return marks.steps()
 
 
-def hf(url: str | None, steps: int, compute_ms: float, run_id: str,
-       attribute: bool = False) -> Steps:
-    import tempfile
+def lightning_alternating(url: str, steps: int, compute_ms: float, run_id: str
+                          ) -> tuple[Steps, Steps]:
+    """Lightning's arms step by step in one ``fit``: at every batch's end (after goodlens's
+    callback closed its step) the next step's arm is set: the plain arm takes
+    ``GoodlensCallback`` out of ``trainer.callbacks`` and gives the data fetcher the epoch
+    loop's own fetch hooks; the goodlens arm puts back the callback and goodlens's wrapped
+    fetch hooks. Arms alternate in pairs (gl, plain; plain, gl; ...); DDP's exposed-wait
+    hooks and the flusher stay in both (as in :func:`hf_alternating`). Returns (plain
+    steps, goodlens steps)."""
+    import lightning.pytorch as pl
 
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
+    from goodlens.exporter.lightning import GoodlensCallback
 
-    marks = _Marks(attribute)
+    marks = _Marks()
+    arm: list[bool] = [True]  # the first step's: goodlens set up at fit start
+    gcb = GoodlensCallback(run_id=run_id, url=url, hooks=False)
+    hooks: dict[bool, tuple[Any, Any]] = {}
 
-    class Clock(TrainerCallback):
-        def on_step_end(self, *a: Any, **kw: Any) -> None:
+    def switch(trainer: Any, on: bool) -> None:
+        loop, fetcher = trainer.fit_loop.epoch_loop, trainer.fit_loop._data_fetcher
+        if not hooks:  # goodlens's wrapped hooks (instance attributes) and the loop's own
+            hooks[True] = (loop._on_before_fetch, loop._on_after_fetch)
+            hooks[False] = (type(loop)._on_before_fetch.__get__(loop),
+                            type(loop)._on_after_fetch.__get__(loop))
+        fetcher._start_profiler, fetcher._stop_profiler = hooks[on]
+        # new lists: Lightning is iterating the current one (this callback's own call)
+        rest = [c for c in trainer.callbacks if c is not gcb]
+        trainer.callbacks = [gcb, *rest] if on else rest
+
+    class Switch(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
             marks.mark()
+            n = len(arm)
+            arm.append((n + n // 2) % 2 == 0)  # the arm the next step runs in
+            # (after the last step goodlens stays in: its fit end closes the exporter)
+            switch(trainer, arm[-1] or trainer.global_step >= steps)
+
+    marks.start()
+    try:
+        _lightning_fit(steps, compute_ms, [gcb, Switch()])
+    finally:
+        marks.stop()
+    rows = marks.steps()
+    return ([r for r, on in zip(rows, arm) if not on], [r for r, on in zip(rows, arm) if on])
+
+
+def _hf_trainer(steps: int, compute_ms: float, out: str) -> Any:
+    """A 2-layer Llama in a ``transformers.Trainer`` whose every micro-batch sleeps
+    ``compute_ms`` (the planted compute)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
     class Job(Trainer):
         def compute_loss(self, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
@@ -338,13 +379,28 @@ def hf(url: str | None, steps: int, compute_ms: float, run_id: str,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16))
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 64, (steps * 2, 16), generator=g)
-    data = [{"input_ids": t, "labels": t} for t in ids]
+    args = TrainingArguments(
+        output_dir=out, max_steps=steps, save_strategy="no", eval_strategy="no",
+        per_device_train_batch_size=2, use_cpu=True, report_to=[], logging_steps=10**6,
+        dataloader_num_workers=0, learning_rate=1e-3, disable_tqdm=True, seed=0)
+    return Job(model=model, args=args,
+               train_dataset=[{"input_ids": t, "labels": t} for t in ids])
+
+
+def hf(url: str | None, steps: int, compute_ms: float, run_id: str,
+       attribute: bool = False) -> Steps:
+    import tempfile
+
+    from transformers import TrainerCallback
+
+    marks = _Marks(attribute)
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *a: Any, **kw: Any) -> None:
+            marks.mark()
+
     with tempfile.TemporaryDirectory(prefix="gl-hf-bench-") as out:
-        args = TrainingArguments(
-            output_dir=out, max_steps=steps, save_strategy="no", eval_strategy="no",
-            per_device_train_batch_size=2, use_cpu=True, report_to=[], logging_steps=10**6,
-            dataloader_num_workers=0, learning_rate=1e-3, disable_tqdm=True, seed=0)
-        trainer = Job(model=model, args=args, train_dataset=data)
+        trainer = _hf_trainer(steps, compute_ms, out)
         trainer.add_callback(Clock())
         if url:
             from goodlens.exporter import hf as glhf
@@ -355,6 +411,60 @@ def hf(url: str | None, steps: int, compute_ms: float, run_id: str,
         finally:
             marks.stop()
     return marks.steps()
+
+
+def hf_alternating(url: str, steps: int, compute_ms: float, run_id: str
+                   ) -> tuple[Steps, Steps]:
+    """The Trainer's arms step by step in one ``train()``: goodlens is instrumented, and at
+    every step's end (after goodlens's own ``on_step_end`` closed its step) the next step's
+    arm is set: the plain arm takes the callback out of the trainer's list and the wrapped
+    methods (fetch, token count, ``training_step``, ...) off the instance, so the class's
+    run; the goodlens arm puts both back. Arms alternate in pairs (gl, plain; plain, gl;
+    ...). What stays in both arms: DDP's exposed-wait hooks (measured on their own by
+    ``bench/torch_modes.py``) and the flusher thread (its clock gives its own CPU).
+    Returns (plain steps, goodlens steps)."""
+    import tempfile
+
+    from transformers import TrainerCallback
+
+    from goodlens.exporter import hf as glhf
+
+    marks = _Marks()
+    arm: list[bool] = []
+
+    with tempfile.TemporaryDirectory(prefix="gl-hf-bench-") as out:
+        trainer = _hf_trainer(steps, compute_ms, out)
+        cb = glhf.instrument(trainer, run_id=run_id, url=url, hooks=False)
+        wrapped = {k: v for k, v in vars(trainer).items() if k in glhf._WIRING}
+
+        def switch(on: bool) -> None:
+            # a new list: the handler is iterating the old one (Switch's own call)
+            handler = trainer.callback_handler
+            if on and cb not in handler.callbacks:
+                handler.callbacks = [cb, *handler.callbacks]
+                vars(trainer).update(wrapped)
+            elif not on and cb in handler.callbacks:
+                handler.callbacks = [c for c in handler.callbacks if c is not cb]
+                for k in wrapped:
+                    vars(trainer).pop(k, None)
+
+        class Switch(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, *a: Any, **kw: Any) -> None:
+                marks.mark()
+                n = len(arm)
+                arm.append((n + n // 2) % 2 == 0)  # the arm the next step runs in
+                # (after the last step goodlens stays in: its train end closes the exporter)
+                switch(arm[-1] or state.global_step >= args.max_steps)
+
+        trainer.add_callback(Switch())
+        arm.append(True)  # the first step's: goodlens wires DDP's timers at train begin
+        marks.start()
+        try:
+            trainer.train()
+        finally:
+            marks.stop()
+    rows = marks.steps()
+    return ([r for r, on in zip(rows, arm) if not on], [r for r, on in zip(rows, arm) if on])
 
 
 FITS: dict[str, Callable[[str | None, int, float, str], Steps]] = {
