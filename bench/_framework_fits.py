@@ -185,8 +185,10 @@ def world_one(port: int) -> None:
         dist.init_process_group("gloo", rank=0, world_size=1)
 
 
-def fsdp2(url: str | None, steps: int, compute_ms: float, run_id: str,
-          attribute: bool = False) -> Steps:
+def _fsdp2_arm(url: str | None, run_id: str) -> tuple[Any, nn.Module, Any]:
+    """(exporter, model, optimizer): an MLP of 2 ``fully_shard`` blocks and a sharded root;
+    with ``url``, ``instrument``-ed with an enabled exporter pushing there, else a disabled
+    exporter (what a job's ``--no-goodlens`` runs)."""
     from torch.distributed.fsdp import fully_shard
 
     from goodlens.exporter import torch as gl
@@ -202,18 +204,30 @@ def fsdp2(url: str | None, steps: int, compute_ms: float, run_id: str,
     fully_shard(model)
     if url:
         gl.instrument(model, exp)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    return exp, model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _fsdp2_step(exp: Any, model: nn.Module, opt: Any, step: int, compute_ms: float) -> None:
+    """One step inside the exporter's step and data scopes (a disabled one's cost nothing)."""
+    with exp.step(step):
+        with exp.phase("data"):
+            g = torch.Generator().manual_seed(step)
+            x = torch.randn(16, 32, generator=g)
+        time.sleep(compute_ms / 1000.0)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True)).backward()
+        opt.step()
+
+
+def fsdp2(url: str | None, steps: int, compute_ms: float, run_id: str,
+          attribute: bool = False) -> Steps:
+    from goodlens.exporter import torch as gl
+
+    exp, model, opt = _fsdp2_arm(url, run_id)
     marks = _Marks(attribute)
     marks.start()
     for step in range(steps):
-        with exp.step(step):
-            with exp.phase("data"):
-                g = torch.Generator().manual_seed(step)
-                x = torch.randn(16, 32, generator=g)
-            time.sleep(compute_ms / 1000.0)
-            opt.zero_grad(set_to_none=True)
-            nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True)).backward()
-            opt.step()
+        _fsdp2_step(exp, model, opt, step, compute_ms)
         marks.mark()
     marks.stop()
     if url:
@@ -225,39 +239,15 @@ def fsdp2(url: str | None, steps: int, compute_ms: float, run_id: str,
 def fsdp2_interleaved(url: str, steps: int, compute_ms: float, run_id: str
                       ) -> tuple[Steps, Steps]:
     """``bench/torch_modes.py``'s design for FSDP2, whose timing is per model: two alike
-    sharded models in one loop of ``steps`` steps, alternating between the plain one (a disabled
-    exporter's scopes, no ``instrument``) and the instrumented one (an enabled exporter
-    pushing to ``url``, its scopes, every all-gather and reduce-scatter timed), so that the
-    machine's drift hits both arms alike. Returns (plain steps, goodlens steps)."""
-    from torch.distributed.fsdp import fully_shard
-
-    from goodlens.exporter import torch as gl
-    from goodlens.exporter.recorder import RankExporter
-
-    arms = []
-    for on in (False, True):
-        exp = RankExporter.from_env(run_id=run_id, url=url, hooks=False,
-                                    **({} if on else {"enabled": False}))
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Sequential(nn.Linear(64, 64)),
-                              nn.Sequential(nn.Linear(64, 64)), nn.Linear(64, 1))
-        for block in (model[2], model[3]):
-            fully_shard(block)
-        fully_shard(model)
-        if on:
-            gl.instrument(model, exp)
-        arms.append((exp, model, torch.optim.SGD(model.parameters(), lr=0.01), _Marks()))
+    sharded models in one loop of ``steps`` steps, alternating between the plain one (a
+    disabled exporter's scopes, no ``instrument``) and the instrumented one (an enabled
+    exporter pushing to ``url``, its scopes, every all-gather and reduce-scatter timed), so
+    that the machine's drift hits both arms alike. Returns (plain steps, goodlens steps)."""
+    arms = [(*_fsdp2_arm(u, run_id), _Marks()) for u in (None, url)]
     for step in range(steps):
         exp, model, opt, marks = arms[(step + step // 2) % 2]  # plain, gl; gl, plain; ...
         marks.mark()
-        with exp.step(step // 2):
-            with exp.phase("data"):
-                g = torch.Generator().manual_seed(step)
-                x = torch.randn(16, 32, generator=g)
-            time.sleep(compute_ms / 1000.0)
-            opt.zero_grad(set_to_none=True)
-            nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True)).backward()
-            opt.step()
+        _fsdp2_step(exp, model, opt, step // 2, compute_ms)
         marks.mark()
     out = []
     for exp, _, _, marks in arms:
