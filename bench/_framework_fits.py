@@ -175,6 +175,17 @@ class _Marks:
                 for a, b in zip(self.t, self.t[1:])]
 
 
+def _abba(n: int) -> int:
+    """0, 1, 1, 0, 0, 1, 1, 0, ...: which arm step ``n`` runs in, so that each arm goes
+    first in every other pair (a drift within a pair hits both arms alike)."""
+    return (n + n // 2) % 2
+
+
+def _by_arm(rows: Steps, on: list[bool]) -> tuple[Steps, Steps]:
+    """``rows`` split by the arm each ran in: (plain steps, goodlens steps)."""
+    return ([r for r, o in zip(rows, on) if not o], [r for r, o in zip(rows, on) if o])
+
+
 def world_one(port: int) -> None:
     """A world-1 gloo group for every fit of this process (Lightning and HF reuse it), and
     one intra-op thread."""
@@ -245,7 +256,7 @@ def fsdp2_interleaved(url: str, steps: int, compute_ms: float, run_id: str
     that the machine's drift hits both arms alike. Returns (plain steps, goodlens steps)."""
     arms = [(*_fsdp2_arm(u, run_id), _Marks()) for u in (None, url)]
     for step in range(steps):
-        exp, model, opt, marks = arms[(step + step // 2) % 2]  # plain, gl; gl, plain; ...
+        exp, model, opt, marks = arms[_abba(step)]  # plain, gl; gl, plain; ...
         marks.mark()
         _fsdp2_step(exp, model, opt, step // 2, compute_ms)
         marks.mark()
@@ -340,7 +351,7 @@ def lightning_alternating(url: str, steps: int, compute_ms: float, run_id: str
         def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
             marks.mark()
             n = len(arm)
-            arm.append((n + n // 2) % 2 == 0)  # the arm the next step runs in
+            arm.append(_abba(n) == 0)  # the arm the next step runs in: gl, plain; plain, gl
             # (after the last step goodlens stays in: its fit end closes the exporter)
             switch(trainer, arm[-1] or trainer.global_step >= steps)
 
@@ -350,7 +361,7 @@ def lightning_alternating(url: str, steps: int, compute_ms: float, run_id: str
     finally:
         marks.stop()
     rows = marks.steps()
-    return ([r for r, on in zip(rows, arm) if not on], [r for r, on in zip(rows, arm) if on])
+    return _by_arm(rows, arm)
 
 
 def _hf_trainer(steps: int, compute_ms: float, out: str) -> Any:
@@ -442,7 +453,7 @@ def hf_alternating(url: str, steps: int, compute_ms: float, run_id: str
             def on_step_end(self, args: Any, state: Any, *a: Any, **kw: Any) -> None:
                 marks.mark()
                 n = len(arm)
-                arm.append((n + n // 2) % 2 == 0)  # the arm the next step runs in
+                arm.append(_abba(n) == 0)  # the arm the next step runs in: gl, plain; plain, gl
                 # (after the last step goodlens stays in: its train end closes the exporter)
                 switch(arm[-1] or state.global_step >= args.max_steps)
 
@@ -454,7 +465,7 @@ def hf_alternating(url: str, steps: int, compute_ms: float, run_id: str
         finally:
             marks.stop()
     rows = marks.steps()
-    return ([r for r, on in zip(rows, arm) if not on], [r for r, on in zip(rows, arm) if on])
+    return _by_arm(rows, arm)
 
 
 FITS: dict[str, Callable[[str | None, int, float, str], Steps]] = {

@@ -39,7 +39,7 @@ class RecentSteps:
         at = self.count % RECENT
         self.ready[at] = ready
         self.step[at] = step
-        self.time[at] = step_time_s if step_time_s and step_time_s > 0 else math.nan
+        self.time[at] = _known(step_time_s)
         self.count += 1
 
     def add(self, steps: Sequence[int], ready: np.ndarray,
@@ -48,7 +48,7 @@ class RecentSteps:
         at = (self.count + np.arange(lo, len(steps))) % RECENT
         self.ready[at] = ready[lo:]
         self.step[at] = steps[lo:]
-        self.time[at] = [t if t and t > 0 else math.nan for t in step_times[lo:]]
+        self.time[at] = [_known(t) for t in step_times[lo:]]
         self.count += len(steps)
 
     def job_slowdown(self, ranks: list[int], since: int | None) -> float | None:
@@ -77,3 +77,8 @@ class RecentSteps:
         lost = float(np.median(loss[ok]))
         base = float(np.median(t - loss[ok]))
         return lost / base if base > 0 else None
+
+
+def _known(step_time_s: float | None) -> float:
+    """A step's duration, NaN where it is not known (None, 0 or negative)."""
+    return step_time_s if step_time_s and step_time_s > 0 else math.nan
