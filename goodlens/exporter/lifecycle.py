@@ -21,7 +21,9 @@ SIGTERM, whose default action ends the process without running ``atexit``.
     exception that ends a thread (a background save, a data-loader thread) does not end
     the process, and a ``failure`` instant in the middle of an attempt would misplace its
     step in flight.
-  - SIGTERM and SIGINT: flush (bounded), then the previous handler: a Python handler is
+  - SIGTERM and SIGINT: a collective's error being handled when the signal arrives is
+    recorded first (:func:`_record_in_flight`: torchrun's SIGTERM races it), then flush
+    (bounded), then the previous handler: a Python handler is
     called, an ignored signal stays ignored, and the default action is re-raised with the
     default disposition, so a SIGTERM still terminates the process (and its exit status
     still says SIGTERM). A signal that arrives while this process is already flushing
@@ -216,6 +218,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     if _S.busy:  # interrupted a flush: let it finish, then deliver
         _S.pending = signum
         return
+    _record_in_flight()
     prev = _S.previous.get(signum, signal.SIG_DFL)
     # the default action ends the process: close (spills what cannot be sent); a handler
     # of the user's may go on training: flush only
@@ -232,6 +235,20 @@ def _record_failure(exc_type: type[BaseException], exc: BaseException | None) ->
             exp.record_failure(exc_type, exc, cause=cause, instant_known=known)
         except Exception:
             log.debug("goodlens: could not record the failure", exc_info=True)
+
+
+def _record_in_flight() -> None:
+    """A signal that interrupts the handling of a collective's error records that error
+    first. torchrun's SIGTERM to the survivors of a crash races their collective's
+    "connection closed": the signal, held while the collective ran in C++, is handled at the
+    first call in the frames the error unwinds through (torch's own ``except`` logging
+    it, the step scope's ``__exit__``), before the step scope could record the failure, and
+    its default action then ends the process. The error is then the exception being
+    handled (``sys.exc_info``). Only a distributed error: another exception being handled
+    may be control flow, and a SIGTERM by itself is no failure."""
+    exc = sys.exc_info()[1]
+    if exc is not None and is_distributed_error(type(exc), exc):
+        _record_failure(type(exc), exc)
 
 
 def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:

@@ -2,7 +2,8 @@
 just before a SIGTERM, an unhandled exception or a plain exit (also when Arrow encoding
 fails there, as pyarrow's lazy pandas import did at interpreter exit: they go as JSON) all
 arrive; a SIGTERM still terminates; an unhandled exception is recorded as a `failure`
-at its instant; the process's start comes from the OS.
+at its instant, and so is a collective's error that a SIGTERM interrupts (torchrun's SIGTERM
+to a crash's survivors races their collective's error); the process's start comes from the OS.
 
 Each child writes its own clock readings to a file, so expected instants never come from
 goodlens.
@@ -46,6 +47,19 @@ if mode == "term":
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(30)
     print("still alive after SIGTERM", flush=True)
+elif mode == "racing":  # torchrun's SIGTERM arrives while a collective's error unwinds
+    def all_reduce():  # as torch.distributed's own wrapper: log the error, re-raise it
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+        except RuntimeError:
+            facts["t_error"] = time.time()
+            open(truth, "w").write(json.dumps(facts))
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next call: this one
+            time.sleep(30)
+            raise
+    with exp.step(25):
+        all_reduce()
+    print("still alive after SIGTERM", flush=True)
 elif mode == "raise":
     facts["t_raise"] = time.time()
     open(truth, "w").write(json.dumps(facts))
@@ -78,11 +92,13 @@ def test_sigterm_short_exit_and_a_crash_deliver_their_rows(tmp_path):
         plain, _ = child(tmp_path, c.url, "exit")
         broken, _ = child(tmp_path, c.url, "broken")
         crash, crash_facts = child(tmp_path, c.url, "raise")
+        racing, racing_facts = child(tmp_path, c.url, "racing")
         t1 = time.time()
         c.sync()
     finally:
         c.stop()
-    got = {m: stored(c.db, f"life-{m}") for m in ("term", "exit", "raise", "broken")}
+    got = {m: stored(c.db, f"life-{m}") for m in ("term", "exit", "raise", "broken",
+                                                   "racing")}
     # SIGTERM still terminates, by the signal, well within the flush bound
     assert term.returncode == -signal.SIGTERM, term.stdout + term.stderr
     assert "still alive" not in term.stdout
@@ -100,6 +116,14 @@ def test_sigterm_short_exit_and_a_crash_deliver_their_rows(tmp_path):
     t = float(failure.time.iloc[0])
     assert crash_facts["t_raise"] <= t <= crash_facts["t_raise"] + 1.0
     assert not len(got["term"][1][got["term"][1].kind == "failure"])  # SIGTERM is no failure
+    # ... but a SIGTERM that interrupts a collective's error records that error first: the
+    # peer's failure, now, then the signal still terminates
+    assert racing.returncode == -signal.SIGTERM, racing.stdout + racing.stderr
+    _, ev = got["racing"]
+    failure = ev[ev.kind == "failure"]
+    assert list(failure.cause) == ["collective_error"] and failure["rank"].isna().all()
+    t = float(failure.time.iloc[0])
+    assert racing_facts["t_error"] <= t <= racing_facts["t_error"] + 1.0
     assert t0 - 1 <= term_facts["t_python"] <= t1
 
 
