@@ -11,8 +11,8 @@ JSON lines, so one test harness (``tests/e2e/framework_jobs.py``) checks all of 
   blocking part of a checkpoint save), ``stall`` (``t0``, ``t1``, ``step``: a planted
   data-loader stall), ``slow`` (``ms``, ``start``: the planted sleep per step on the slow
   rank, from step ``start``), ``slowed`` (``step``, ``s``: each planted sleep as long as
-  it really took),
-  ``eval`` (``t0``, ``t1``).
+  it really took), ``ready`` (``step``, ``t``: the instant a rank is about to enter the
+  step's first collective, where a job writes it), ``eval`` (``t0``, ``t1``).
 
 Faults (flags from :func:`add_fault_args`): ``--slow-rank R --slow-ms X --slow-from S``
 sleeps X ms more in rank R's step from step S (every attempt); ``--kill-rank R --kill-at

@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(compute_s)
             faults.slow(step)
             faults.crash(step)
+            clock.write("ready", step=step, t=time.time())  # the first collective is next
             opt.zero_grad(set_to_none=True)
             loss_fn(model(x), y).backward()
             opt.step()

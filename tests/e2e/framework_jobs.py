@@ -196,6 +196,31 @@ def true_slowdown(res: JobResult, rank: int = 0, attempt: int = 0) -> float:
     return extra / (statistics.median(steps) - extra)
 
 
+def true_lateness(res: JobResult, slow_rank: int, attempt: int, last: int = 64) -> float:
+    """What the slowed rank costs the job per step as the job's own clock shows it, where
+    each rank writes the instant it enters the step's first collective (``ready`` lines):
+    per step, how much later the slowed rank got there than the latest other rank (the
+    collective waits for it that long; never negative), over the step without that (rank
+    0's own step less it); medians over the attempt's last ``last`` steps since the onset.
+
+    Unlike :func:`true_slowdown` it does not assume the healthy ranks reach the collective
+    together: where they queue for the CPU the latest of them is late by however the
+    scheduler interleaved them, and the planted sleep's full length over-states what the
+    job waits for."""
+    start = res.lines("slow")[0]["start"]
+    at: dict[int, dict[int, float]] = {}
+    for r in range(max(r for r, _ in res.truth) + 1):
+        for x in res.lines("ready", rank=r, attempt=attempt):
+            at.setdefault(x["step"], {})[r] = x["t"]
+    own = res.own_steps(0, attempt)
+    steps = sorted(s for s, v in at.items() if s >= start and s in own
+                   and slow_rank in v and len(v) > 1)[-last:]
+    loss = [max(0.0, at[s][slow_rank] - max(t for r, t in at[s].items() if r != slow_rank))
+            for s in steps]
+    base = [own[s][1] - own[s][0] - x for s, x in zip(steps, loss, strict=True)]
+    return statistics.median(loss) / statistics.median(base)
+
+
 def true_stall(res: JobResult) -> float:
     """The planted data-loader stall every rank had: per stalled step, the shortest of the
     ranks' stalls (what no rank could hide), summed."""

@@ -1,4 +1,4 @@
-"""End-to-end: a 4-rank FSDP2 (``fully_shard``) job under torchrun with planted faults,
+"""End-to-end: a 3-rank FSDP2 (``fully_shard``) job under torchrun with planted faults,
 checked against the job's own clock (``examples/integrations/train_fsdp2.py``).
 
 Why: under FSDP2 a rank waits for a slow peer in whichever all-gather or reduce-scatter
@@ -9,6 +9,16 @@ suite's time matters): a data stall on all ranks early, a planted slow reduce-sc
 every rank on alternate steps, rank 2 slowed by a planted sleep from step 50, checkpoints every
 20 steps, rank 1 killed at step 110 and the job resumed from step 100's checkpoint.
 Expected values come from the job's files only (``tests/e2e/framework_jobs.py``).
+
+Three ranks and one sharded block (plus the root), not four and three: FSDP2 on CPU costs
+~33 ms of CPU a rank a step at three blocks, so 4 ranks queued for 2 cores, and the ranks'
+own queueing, spread over a dozen collectives a step, became part of each rank's time to
+reach the collective. ``job_slowdown`` (the slowed rank's time over the latest other
+rank's, per step) then read 27% and 43% under what the job's clock shows in two runs
+(0.070 against 0.096; 0.050 against 0.082). At 3 ranks and 2 units (6 collectives a step)
+it read 0.144, 0.185 against 0.132, 0.188, and 0.242 against 0.215 with two busy loops
+beside the job. The HSDP job keeps 4 ranks: its 2x2 mesh needs them, and its claim is the
+ranks' ready times, not the job-level cost.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from tests.e2e.framework_jobs import (
     restart_and_startup_match_the_jobs_clock,
     run_job,
     the_slowed_ranks_finding,
+    true_lateness,
     true_recompute,
     true_saves,
     true_slowdown,
@@ -46,9 +57,9 @@ def job(tmp_path_factory):
                    "--slow-rank", str(SLOW_RANK), "--slow-ms", str(SLOW_MS),
                    "--slow-from", str(SLOW_FROM), "--kill-rank", str(KILL_RANK),
                    "--kill-at", str(KILL_AT), "--stall-at", ",".join(map(str, STALL_AT)),
-                   "--stall-ms", str(STALL_MS), "--rs-delay-ranks", "0,1,2,3",
+                   "--stall-ms", str(STALL_MS), "--rs-delay-ranks", "0,1,2", "--layers", "1",
                    "--rs-delay-ms", str(RS_MS), "--rs-delay-steps", f"{RS_STEPS[0]}:{RS_STEPS[1]}",
-                   restarts=1, detect_wait=3.0)
+                   restarts=1, detect_wait=3.0, nproc=3)
 
 
 def test_restart_and_recompute_match_the_jobs_clock(job):
@@ -67,17 +78,24 @@ def test_the_slowed_rank_is_found_as_itself_with_its_slowdown(job):
     # rank 2 alone (not the stall, not the slow reduce-scatter); any other: a transient
     f = the_slowed_ranks_finding(job, SLOW_RANK, STALL_AT)
     assert f["action"] == "evict", f
-    # what rank 2 costs the job per step: the planted 12 ms over the step the job would
-    # have without it (a healthy rank's step on its own clock less the planted sleep);
-    # within the issue's 20%. The ready-time ratio (``slowdown``) is about three times
-    # that here: the collectives are ~70% of a step on 2 loaded cores.
-    assert f["job_slowdown"] == pytest.approx(true_slowdown(job, attempt=f["attempt"]),
-                                              rel=0.20), f
+    # what rank 2 costs the job per step: how much later than the latest other rank it
+    # entered each step's first collective, on the job's own clock, over the step without
+    # that; within the issue's 20%. Also within it of the planted 12 ms over the step less
+    # it (``true_slowdown``: the other jobs' truth), which over-states the wait by the
+    # healthy ranks' own spread, small at 3 ranks
+    truth = true_lateness(job, SLOW_RANK, f["attempt"])
+    planted = true_slowdown(job, attempt=f["attempt"])
+    print(f"job_slowdown {f['job_slowdown']:.3f}, job's clock: lateness {truth:.3f}, "
+          f"planted sleep {planted:.3f}")
+    assert f["job_slowdown"] == pytest.approx(truth, rel=0.20), f
+    assert f["job_slowdown"] == pytest.approx(planted, rel=0.20), f
+    # the ready-time ratio (``slowdown``) is several times that here: the collectives are
+    # most of a step on 2 loaded cores
     assert f["slowdown"] > f["job_slowdown"]
 
 
 def test_a_stalled_data_loader_is_input_stall(job):
-    # the shortest of the 4 ranks' 300 ms stalls, per stalled step; the data phase also
+    # the shortest of the 3 ranks' 300 ms stalls, per stalled step; the data phase also
     # times the batch's making (~0.1 ms), and a rank's stall it could not hide is at most
     # a scheduling slice over the job's own reading
     assert job.report["other_parts"]["input_stall"] == pytest.approx(true_stall(job),
@@ -95,16 +113,16 @@ def test_checkpoint_stall_is_the_blocking_save(job):
 def test_a_delayed_reduce_scatter_is_exposed_wait_of_its_amount(job):
     """Every rank enters the root's reduce-scatter 100 ms late, inside the call, on the even
     steps of [8, 48): each is blocked in that collective 100 ms longer, plus however long
-    the last rank to wake waits for a core (4 ranks waking at once on 2 cores: ~10 ms,
+    the last rank to wake waits for a core (3 ranks waking at once on 2 cores: a few ms,
     which is why the delay is 100 ms and not 50, where it was 20% of it). Per rank, the
     median over the steps of (even step's collective wait - the next odd step's) is the
     planted sleep as that rank measured it, within the issue's 20%; and the time to reach
     the collective (step - wait) does not move by more than a fifth of it: the delay is
     not taken for compute. (A delay planted on one rank alone is not this: its peers'
     extra wait is shortened by however late they reached the collective themselves, tens
-    of ms on 4 ranks sharing 2 cores.)"""
+    of ms on ranks sharing 2 cores.)"""
     steps = job.steps[job.steps.attempt == 0]
-    for rank in range(4):
+    for rank in range(3):
         planted = statistics.median(x["s"] for x in job.lines("rs_delay", rank=rank))
         mine = steps[steps["rank"] == rank].set_index("step")
         ready = mine.duration_s - mine.collective_wait_s
