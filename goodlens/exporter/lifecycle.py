@@ -22,13 +22,13 @@ SIGTERM, whose default action ends the process without running ``atexit``.
     the process, and a ``failure`` instant in the middle of an attempt would misplace its
     step in flight.
   - SIGTERM and SIGINT: a collective's error being handled when the signal arrives is
-    recorded first (:func:`_record_in_flight`: torchrun's SIGTERM races it), then flush
-    (bounded), then the previous handler: a Python handler is
-    called, an ignored signal stays ignored, and the default action is re-raised with the
-    default disposition, so a SIGTERM still terminates the process (and its exit status
-    still says SIGTERM). A signal that arrives while this process is already flushing
-    (inside an exporter's ``flush``/``close``, or the exception hook) is held until that
-    flush ends, then delivered.
+    recorded first, as a detection of unknown instant (:func:`_record_in_flight`:
+    torchrun's SIGTERM races it), then flush (bounded), then the previous handler: a
+    Python handler is called, an ignored signal stays ignored, and the default action is
+    re-raised with the default disposition, so a SIGTERM still terminates the process (and
+    its exit status still says SIGTERM). A signal that arrives while this process is
+    already flushing (inside an exporter's ``flush``/``close``, or the exception hook) is
+    held until that flush ends, then delivered.
 
   Fatal signals that Python cannot run code for (SIGKILL, SIGSEGV, SIGABRT, ``os._exit``)
   are recorded by others: a surviving rank's collective raises (:func:`classify`), and the
@@ -228,8 +228,10 @@ def _on_signal(signum: int, frame: Any) -> None:
     _chain(signum, frame)
 
 
-def _record_failure(exc_type: type[BaseException], exc: BaseException | None) -> None:
+def _record_failure(exc_type: type[BaseException], exc: BaseException | None,
+                    instant_known: bool = True) -> None:
     cause, known = classify(exc_type, exc)
+    known = known and instant_known
     for exp in list(_S.live()):
         try:
             exp.record_failure(exc_type, exc, cause=cause, instant_known=known)
@@ -239,16 +241,20 @@ def _record_failure(exc_type: type[BaseException], exc: BaseException | None) ->
 
 def _record_in_flight() -> None:
     """A signal that interrupts the handling of a collective's error records that error
-    first. torchrun's SIGTERM to the survivors of a crash races their collective's
-    "connection closed": the signal, held while the collective ran in C++, is handled at the
-    first call in the frames the error unwinds through (torch's own ``except`` logging
-    it, the step scope's ``__exit__``), before the step scope could record the failure, and
-    its default action then ends the process. The error is then the exception being
-    handled (``sys.exc_info``). Only a distributed error: another exception being handled
-    may be control flow, and a SIGTERM by itself is no failure."""
+    first, as a detection (``failure_detected``) whose instant is unknown. torchrun's
+    SIGTERM to the survivors of a crash races their collective's "connection closed": the
+    signal, held while the collective ran in C++, is handled at the first call in the
+    frames the error unwinds through (torch's own ``except`` logging it, the step scope's
+    ``__exit__``), before the step scope could record anything, and its default action then
+    ends the process. The error is then the exception being handled (``sys.exc_info``).
+    Not a ``failure`` at this instant: the signal may have waited seconds in that C++ call
+    (an FSDP2 survivor's all-gather raised 4 s after its peer died, under load), so when
+    the peer died is not known here; the accounting then estimates the step in flight.
+    Only a distributed error: another exception being handled may be control flow, and a
+    SIGTERM by itself is no failure."""
     exc = sys.exc_info()[1]
     if exc is not None and is_distributed_error(type(exc), exc):
-        _record_failure(type(exc), exc)
+        _record_failure(type(exc), exc, instant_known=False)
 
 
 def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:

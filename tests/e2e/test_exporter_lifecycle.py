@@ -2,8 +2,9 @@
 just before a SIGTERM, an unhandled exception or a plain exit (also when Arrow encoding
 fails there, as pyarrow's lazy pandas import did at interpreter exit: they go as JSON) all
 arrive; a SIGTERM still terminates; an unhandled exception is recorded as a `failure`
-at its instant, and so is a collective's error that a SIGTERM interrupts (torchrun's SIGTERM
-to a crash's survivors races their collective's error); the process's start comes from the OS.
+at its instant, and a collective's error that a SIGTERM interrupts as its detection
+(torchrun's SIGTERM to a crash's survivors races their collective's error); the process's
+start comes from the OS.
 
 Each child writes its own clock readings to a file, so expected instants never come from
 goodlens.
@@ -116,13 +117,15 @@ def test_sigterm_short_exit_and_a_crash_deliver_their_rows(tmp_path):
     t = float(failure.time.iloc[0])
     assert crash_facts["t_raise"] <= t <= crash_facts["t_raise"] + 1.0
     assert not len(got["term"][1][got["term"][1].kind == "failure"])  # SIGTERM is no failure
-    # ... but a SIGTERM that interrupts a collective's error records that error first: the
-    # peer's failure, now, then the signal still terminates
+    # ... but a SIGTERM that interrupts a collective's error records that error first, as
+    # its detection (when the peer died is not known: the signal may have waited in the
+    # collective), then the signal still terminates
     assert racing.returncode == -signal.SIGTERM, racing.stdout + racing.stderr
     _, ev = got["racing"]
-    failure = ev[ev.kind == "failure"]
-    assert list(failure.cause) == ["collective_error"] and failure["rank"].isna().all()
-    t = float(failure.time.iloc[0])
+    assert not len(ev[ev.kind == "failure"])
+    detected = ev[ev.kind == "failure_detected"]
+    assert list(detected.cause) == ["collective_error"] and detected["rank"].isna().all()
+    t = float(detected.time.iloc[0])
     assert racing_facts["t_error"] <= t <= racing_facts["t_error"] + 1.0
     assert t0 - 1 <= term_facts["t_python"] <= t1
 

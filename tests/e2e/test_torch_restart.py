@@ -82,14 +82,24 @@ def test_a_crash_under_plain_torchrun_matches_the_jobs_own_clock(tmp_path):
         got = set(steps[(steps.attempt == 0) & (steps["rank"] == rank)].step)
         if rank != KILL_RANK:
             assert mine <= got, (rank, sorted(mine - got))
-    # 2. the failure instant: recorded by the survivors, just after the crash (their
-    # collective raised), before the restarted processes started
+    # 2. the failure instant: recorded by the survivors whose collective raised just after
+    # the crash, before the restarted processes started. torchrun's SIGTERM to them (its
+    # monitor wakes every 0.1 s) races that error: a survivor it reaches first records the
+    # error as a detection of unknown instant, and where it reached every one first (once
+    # in CI, on a loaded machine) no instant is known, the report says the step in flight
+    # was estimated, and recompute below still holds. Never an instant far from the crash.
     failures = ev[(ev.kind == "failure") & (ev.attempt == 0)]
-    assert len(failures), "no failure event"
-    t_fail = float(failures.time.min())
     first_new = min(x["t"] for (r, a), lines in t.items() if a == 1
                     for x in lines if x["kind"] == "script_start")
-    assert crash["t"] <= t_fail <= crash["t"] + 1.0 and t_fail < first_new
+    print(f"failure instants recorded: {len(failures)}, partial steps {rep['partial_steps']}")
+    if len(failures):
+        t_fail = float(failures.time.min())
+        assert crash["t"] <= t_fail <= crash["t"] + 1.0 and t_fail < first_new
+        assert rep["partial_steps"]["recorded"] == 1
+    else:
+        assert rep["partial_steps"]["estimated"] == 1, rep["partial_steps"]
+    detected = ev[(ev.kind == "failure_detected") & (ev.attempt == 0)]
+    assert len(detected) and crash["t"] <= float(detected.time.min()) < first_new
     # 3. recompute: the rolled-back steps and the partial step, to the crash instant, on
     # rank 0's clock; within 15%
     own = steps_of(t[0, 0])
