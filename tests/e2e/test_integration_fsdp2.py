@@ -157,8 +157,13 @@ def test_hsdp_times_the_replicate_all_reduce_too(hsdp_job):
     steps = hsdp_job.steps
     ready = (steps.duration_s - steps.collective_wait_s)[steps.step >= 30]
     by_rank = ready.groupby(steps["rank"]).median()
-    extra = statistics.median(x["s"] for x in hsdp_job.lines("slowed"))
-    # rank 0's own work is the planted sleep longer than each other rank's, which agree
+    # rank 0's own work is longer than each other rank's by how much later it entered the
+    # step's first collective on the job's own clock: the planted sleep, plus its wait for
+    # a core on waking where the machine is loaded (12 ms slept, 17 ms late beside
+    # another worker's tests); within 25% or 3 ms of scheduling noise
+    at = {r: {x["step"]: x["t"] for x in hsdp_job.lines("ready", rank=r)} for r in range(4)}
     for r in (1, 2, 3):
-        assert by_rank[0] - by_rank[r] == pytest.approx(extra, rel=0.25), by_rank
+        late = statistics.median(at[0][s] - at[r][s] for s in at[0] if s >= 30)
+        assert by_rank[0] - by_rank[r] == pytest.approx(late, rel=0.25, abs=0.003), \
+            (r, late, by_rank)
     buckets_sum_to_wall_clock(hsdp_job.report)
