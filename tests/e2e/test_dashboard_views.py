@@ -62,6 +62,19 @@ def _query(br) -> dict[str, str]:
     return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(br.driver.current_url).query))
 
 
+def _type_window(br, since: str, until: str) -> None:
+    """Type a window into the range picker: each box, then Enter, then wait until the page
+    took it (the URL says it) before the next box. Typed at once, the answer to the first
+    box's Enter re-rendered the second while it was being typed: on a loaded machine the
+    picker read '206-01-01T00:10:002' for '2026-01-01T00:10:00'."""
+    for css, key, text in (("#win-since", "since", since), ("#win-until", "until", until)):
+        box = br.find_element(css)
+        br.clear_input(box)
+        box.send_keys(text + "\n")
+        assert wait_until(lambda k=key, t=text: _query(br).get(k) == t, timeout=60), \
+            (key, text, _query(br), box.get_attribute("value"))
+
+
 def _no_console_errors(br) -> None:
     logs = [e for e in br.get_logs() if e.get("level") == "SEVERE"]
     assert logs == [], f"browser console errors: {logs}"
@@ -94,10 +107,7 @@ def test_range_picker_equals_report_since_until(loaded: Collector, dash_br) -> N
     since, until = "2026-01-01T00:10:00", "2026-01-01T00:40:00"
     rep = _report(loaded, "sim-64", "--since", since, "--until", until)
     assert rep["wall_clock_s"] == pytest.approx(1800.0)
-    for css, text in (("#win-since", since), ("#win-until", until)):
-        box = dash_br.find_element(css)
-        dash_br.clear_input(box)
-        box.send_keys(text + "\n")
+    _type_window(dash_br, since, until)
     _assert_overview_is(dash_br, rep)
     assert _attr(dash_br, "#restart-queue") == f"{rep['restart_parts']['queue']:.2f} s"
     assert wait_until(lambda: _query(dash_br) == {"since": since, "until": until})
@@ -449,10 +459,7 @@ def test_ranks_page_follows_the_window(loaded: Collector, dash_br) -> None:
     assert wait_until(lambda: _attr(dash_br, note) == "300 599 1", timeout=60), \
         _text(dash_br, "#rk-note")
     since, until = "2026-01-01T00:02:21", "2026-01-01T00:04:08"
-    for css, text in (("#win-since", since), ("#win-until", until)):
-        box = dash_br.find_element(css)
-        dash_br.clear_input(box)
-        box.send_keys(text + "\n")
+    _type_window(dash_br, since, until)
     assert wait_until(lambda: _attr(dash_br, note) == "100 199 0", timeout=60), \
         _text(dash_br, "#rk-note")
     assert _text(dash_br, "#rk-note") == ("steps 100-199 of attempt 0, 8 ranks, in the window "
@@ -475,11 +482,7 @@ def test_ranks_page_follows_the_window(loaded: Collector, dash_br) -> None:
     assert expected["node-1"] > 0.3  # the slow rank's host, visibly above the median
 
     # a window between the attempts: no step, said plainly, in the heatmap too
-    for css, text in (("#win-since", "2026-01-01T00:07:00"),
-                      ("#win-until", "2026-01-01T00:10:00")):
-        box = dash_br.find_element(css)
-        dash_br.clear_input(box)
-        box.send_keys(text + "\n")
+    _type_window(dash_br, "2026-01-01T00:07:00", "2026-01-01T00:10:00")
     empty = ("No steps of any attempt in the window 2026-01-01 00:07:00 UTC to "
              "2026-01-01 00:10:00 UTC.")
     assert wait_until(lambda: _text(dash_br, "#rk-note") == empty, timeout=60), \
