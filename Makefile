@@ -56,13 +56,18 @@ reset:
 	fi
 	rm -rf $(patsubst parquet:%,%,$(DB)) $(patsubst parquet:%,%,$(DB)).wal
 
+# pytest-xdist workers (`make test WORKERS=0` runs in one process). tests/conftest.py keeps
+# each module on one worker and the modules that load both cores (torchrun jobs, 20,000
+# hostile pushes) one after another on the same one.
+WORKERS ?= 2
+
 test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --durations=25
 
 test-unit: $(VENV)/.stamp-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) tests/unit
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .

@@ -15,12 +15,39 @@ from tests.harness import Collector
 
 _TIERS = ("unit", "integration", "e2e")
 
+#: Modules that load both cores for minutes (torchrun jobs of 3-6 processes, 20,000 pushes
+#: from 4 threads): under ``pytest -n 2`` (``make test``) they run one after another on one
+#: worker, while the other worker runs the rest. Two of them at once would queue 8-10
+#: processes for 2 cores: slower, and the jobs' timing claims are made for one job on the
+#: machine (plus whatever else the other worker runs: the load they are checked under).
+HEAVY = frozenset({
+    "test_elastic_scenario", "test_torch_e2e", "test_torch_restart", "test_torch_async",
+    "test_torch_collective_modes", "test_integration_fsdp2", "test_integration_hf",
+    "test_integration_lightning", "test_slowdown_share", "test_hostile_ingest_http",
+})
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = next((t for t in _TIERS if f"/tests/{t}/" in str(item.path)), None)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``-n``: each module's tests on one worker (a module-scoped fixture, a torchrun
+    job or a browser, is set up once), and every :data:`HEAVY` module on the same one.
+    (``--dist loadgroup`` with ``xdist_group`` marks would say it, but xdist 3.8 groups by
+    rewriting ``item._nodeid``, which pytest 9 no longer reads: the marks did nothing.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "heavy" if Path(module).stem in HEAVY else module
+
+    return ByModule(config, log)
 
 
 @pytest.fixture
