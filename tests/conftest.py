@@ -16,10 +16,11 @@ from tests.harness import Collector
 _TIERS = ("unit", "integration", "e2e")
 
 #: Modules that load both cores for minutes (torchrun jobs of 3-6 processes, 20,000 pushes
-#: from 4 threads): under ``pytest -n 2`` (``make test``) they run one after another on one
-#: worker, while the other worker runs the rest. Two of them at once would queue 8-10
-#: processes for 2 cores: slower, and the jobs' timing claims are made for one job on the
-#: machine (plus whatever else the other worker runs: the load they are checked under).
+#: from 4 threads): under ``make test WORKERS=2`` (``pytest -n 2``) they run one after
+#: another on one worker, while the other worker runs the rest. Two of them at once would
+#: queue 8-10 processes for 2 cores: slower, and the jobs' timing claims are made for one
+#: job on the machine (plus whatever else the other worker runs: the load they are checked
+#: under).
 HEAVY = frozenset({
     "test_elastic_scenario", "test_torch_e2e", "test_torch_restart", "test_torch_async",
     "test_torch_collective_modes", "test_integration_fsdp2", "test_integration_hf",

@@ -104,11 +104,14 @@ class JobTrainer(Trainer):
                 self.faults.slow(self.state.global_step)
             time.sleep(self.compute_s / self.args.gradient_accumulation_steps)
             self.micro += 1
+            if self.micro == 1:  # the step's first collective is next: DDP's forward
+                self.clock.write("ready", step=self.state.global_step, t=time.time())
         out = super().compute_loss(model, inputs, *a, **kw)
         if model.training and self.micro == self.args.gradient_accumulation_steps:
             # the crash: after the last forward, just before the backward whose all-reduce
             # makes the peers notice (the partial step ends at the failure they record)
             self.faults.crash(self.state.global_step)
+
         return out
 
     def _save_checkpoint(self, *a: Any, **kw: Any) -> None:

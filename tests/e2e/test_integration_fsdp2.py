@@ -80,15 +80,13 @@ def test_the_slowed_rank_is_found_as_itself_with_its_slowdown(job):
     assert f["action"] == "evict", f
     # what rank 2 costs the job per step: how much later than the latest other rank it
     # entered each step's first collective, on the job's own clock, over the step without
-    # that; within the issue's 20%. Also within it of the planted 12 ms over the step less
-    # it (``true_slowdown``: the other jobs' truth), which over-states the wait by the
-    # healthy ranks' own spread, small at 3 ranks
+    # that; within the issue's 20%. Not the planted 12 ms over the step less it (printed),
+    # which over-states the wait by the healthy ranks' own spread where they queue for
+    # the CPU (beside another worker's tests, say)
     truth = true_lateness(job, SLOW_RANK, f["attempt"])
-    planted = true_slowdown(job, attempt=f["attempt"])
     print(f"job_slowdown {f['job_slowdown']:.3f}, job's clock: lateness {truth:.3f}, "
-          f"planted sleep {planted:.3f}")
+          f"planted sleep {true_slowdown(job, attempt=f['attempt']):.3f}")
     assert f["job_slowdown"] == pytest.approx(truth, rel=0.20), f
-    assert f["job_slowdown"] == pytest.approx(planted, rel=0.20), f
     # the ready-time ratio (``slowdown``) is several times that here: the collectives are
     # most of a step on 2 loaded cores
     assert f["slowdown"] > f["job_slowdown"]

@@ -23,6 +23,7 @@ from tests.e2e.framework_jobs import (
     restart_and_startup_match_the_jobs_clock,
     run_job,
     the_slowed_ranks_finding,
+    true_lateness,
     true_recompute,
     true_saves,
     true_slowdown,
@@ -86,14 +87,18 @@ def test_the_slowed_rank_is_found_as_itself_with_its_slowdown(job):
     # second one; both name rank 2 (the latest is checked)
     f = the_slowed_ranks_finding(job, SLOW_RANK, STALL_AT)
     assert f["action"] == "evict", f
-    # what rank 2 costs the job per step: the planted 10 ms over the step the job would
-    # have without it (a healthy rank's step on its own clock less the planted sleep);
-    # within the issue's 20%. The finding's last estimate is priced with the medians of
-    # the recent steps of the attempt it was made in, so the truth is that attempt's: when
-    # the machine's load changed between them (rank 0's median step 39.5 ms in attempt 0,
+    # what rank 2 costs the job per step: how much later than the latest other rank it
+    # reached the step's first collective (its forward is next), on the job's own clock,
+    # over the step without that; within the issue's 20% (the planted sleep
+    # over the step less it, printed, over-states the wait where the healthy ranks queue
+    # for the CPU). The finding's last estimate is priced with the medians of the recent
+    # steps of the attempt it was made in, so the truth is that attempt's: when the
+    # machine's load changed between them (rank 0's median step 39.5 ms in attempt 0,
     # 45.5 ms in attempt 1, another job starting) attempt 0's truth was 24% off
-    assert f["job_slowdown"] == pytest.approx(true_slowdown(job, attempt=f["attempt"]),
-                                              rel=0.20), f
+    truth = true_lateness(job, SLOW_RANK, f["attempt"])
+    print(f"job_slowdown {f['job_slowdown']:.3f}, job's clock: lateness {truth:.3f}, "
+          f"planted sleep {true_slowdown(job, attempt=f['attempt']):.3f}")
+    assert f["job_slowdown"] == pytest.approx(truth, rel=0.20), f
 
 
 def test_the_slowed_ranks_time_to_the_collective_holds_the_planted_sleep(job):
