@@ -111,7 +111,6 @@ class JobTrainer(Trainer):
             # the crash: after the last forward, just before the backward whose all-reduce
             # makes the peers notice (the partial step ends at the failure they record)
             self.faults.crash(self.state.global_step)
-
         return out
 
     def _save_checkpoint(self, *a: Any, **kw: Any) -> None:

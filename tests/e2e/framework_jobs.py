@@ -50,6 +50,11 @@ class JobResult:
         """``rank``'s own step bounds in ``attempt``: step -> (t0, t1)."""
         return {x["step"]: (x["t0"], x["t1"]) for x in self.lines("step", rank, attempt)}
 
+    def own_ready(self, rank: int, attempt: int | None = None) -> dict[int, float]:
+        """``rank``'s own instants of entering each step's first collective (``ready``
+        lines; every attempt unless given): step -> t."""
+        return {x["step"]: x["t"] for x in self.lines("ready", rank, attempt)}
+
     def findings(self) -> list[dict]:
         """The last state of each straggler finding the collector recorded."""
         ev = self.events
@@ -210,8 +215,8 @@ def true_lateness(res: JobResult, slow_rank: int, attempt: int, last: int = 64) 
     start = res.lines("slow")[0]["start"]
     at: dict[int, dict[int, float]] = {}
     for r in range(max(r for r, _ in res.truth) + 1):
-        for x in res.lines("ready", rank=r, attempt=attempt):
-            at.setdefault(x["step"], {})[r] = x["t"]
+        for step, t in res.own_ready(r, attempt).items():
+            at.setdefault(step, {})[r] = t
     own = res.own_steps(0, attempt)
     steps = sorted(s for s, v in at.items() if s >= start and s in own
                    and slow_rank in v and len(v) > 1)[-last:]

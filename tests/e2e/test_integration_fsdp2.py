@@ -159,7 +159,7 @@ def test_hsdp_times_the_replicate_all_reduce_too(hsdp_job):
     # step's first collective on the job's own clock: the planted sleep, plus its wait for
     # a core on waking where the machine is loaded (12 ms slept, 17 ms late beside
     # another worker's tests); within 25% or 3 ms of scheduling noise
-    at = {r: {x["step"]: x["t"] for x in hsdp_job.lines("ready", rank=r)} for r in range(4)}
+    at = {r: hsdp_job.own_ready(r) for r in range(4)}
     for r in (1, 2, 3):
         late = statistics.median(at[0][s] - at[r][s] for s in at[0] if s >= 30)
         assert by_rank[0] - by_rank[r] == pytest.approx(late, rel=0.25, abs=0.003), \
