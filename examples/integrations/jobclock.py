@@ -12,7 +12,10 @@ JSON lines, so one test harness (``tests/e2e/framework_jobs.py``) checks all of 
   data-loader stall), ``slow`` (``ms``, ``start``: the planted sleep per step on the slow
   rank, from step ``start``), ``slowed`` (``step``, ``s``: each planted sleep as long as
   it really took), ``ready`` (``step``, ``t``: the instant a rank is about to enter the
-  step's first collective, where a job writes it), ``eval`` (``t0``, ``t1``).
+  step's first collective, where a job writes it), ``eval`` (``t0``, ``t1``), ``error``
+  (``t``, ``what``: the instant the rank's own code first saw an exception end its training,
+  e.g. a survivor's collective raising after a peer was killed; a rank that torchrun's
+  SIGTERM stops first writes none).
 
 Faults (flags from :func:`add_fault_args`): ``--slow-rank R --slow-ms X --slow-from S``
 sleeps X ms more in rank R's step from step S (every attempt); ``--kill-rank R --kill-at
@@ -67,6 +70,11 @@ class JobClock:
         if self.f is not None:
             self.f.write(json.dumps({"kind": kind, **values}) + "\n")
             self.f.flush()
+
+    def error(self, exc: BaseException) -> None:
+        """An exception is ending this rank's training: when its own code saw it (no rank
+        can know of a peer's crash before its collective raises)."""
+        self.write("error", t=time.time(), what=type(exc).__name__)
 
 
 class Faults:

@@ -182,16 +182,20 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         if delay is not None:
             delay.step, delay.active = step, attempt() == 0 and lo <= step < hi and step % 2 == 0
-        with exp.step(step):  # goodlens: the step
-            with exp.phase("data"):  # goodlens: data-loader wait
-                x, y = batches.get(step)
-            time.sleep(compute_s)
-            faults.slow(step)
-            faults.crash(step)
-            clock.write("ready", step=step, t=time.time())  # the first collective is next
-            opt.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
-            opt.step()
+        try:
+            with exp.step(step):  # goodlens: the step
+                with exp.phase("data"):  # goodlens: data-loader wait
+                    x, y = batches.get(step)
+                time.sleep(compute_s)
+                faults.slow(step)
+                faults.crash(step)
+                clock.write("ready", step=step, t=time.time())  # the first collective is next
+                opt.zero_grad(set_to_none=True)
+                loss_fn(model(x), y).backward()
+                opt.step()
+        except BaseException as e:  # the job's clock: when this rank saw a failure
+            clock.error(e)
+            raise
         t1 = time.time()
         wall.append((t1 - t0, time.process_time()))
         clock.write("step", step=step, t0=t0, t1=t1)

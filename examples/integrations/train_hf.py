@@ -113,6 +113,13 @@ class JobTrainer(Trainer):
             self.faults.crash(self.state.global_step)
         return out
 
+    def training_step(self, *a: Any, **kw: Any) -> Any:
+        try:  # a micro-batch's forward and backward: where a survivor's collective raises
+            return super().training_step(*a, **kw)
+        except BaseException as e:  # the job's clock: when this rank saw a failure
+            self.clock.error(e)
+            raise
+
     def _save_checkpoint(self, *a: Any, **kw: Any) -> None:
         t0 = time.time()
         super()._save_checkpoint(*a, **kw)

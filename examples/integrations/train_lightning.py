@@ -178,6 +178,18 @@ class Job(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+class SeenError(pl.Callback):
+    """When this rank's own code saw an exception end ``fit`` (a survivor's all-reduce
+    raising after a peer was killed), on the job's clock."""
+
+    def __init__(self, clock: JobClock) -> None:
+        self.clock = clock
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self.clock.error(exception)
+
+
 class TimedCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose blocking save is on the job's clock."""
 
@@ -215,7 +227,7 @@ def latest_checkpoint(ckpt_dir: Path) -> str | None:
 
 
 def make_trainer(args: argparse.Namespace, clock: JobClock) -> pl.Trainer:
-    callbacks: list[pl.Callback] = []
+    callbacks: list[pl.Callback] = [SeenError(clock)]  # first: before any other's hook
     if args.ckpt_every > 0:
         callbacks.append(TimedCheckpoint(clock, dirpath=args.ckpt_dir, filename="step{step}",
                                          auto_insert_metric_name=False, save_top_k=-1,

@@ -33,7 +33,6 @@ from tests.e2e.framework_jobs import (
     run_job,
     the_slowed_ranks_finding,
     true_lateness,
-    true_recompute,
     true_saves,
     true_slowdown,
     true_stall,
@@ -66,10 +65,10 @@ def test_restart_and_recompute_match_the_jobs_clock(job):
     rep = job.report
     buckets_sum_to_wall_clock(rep)
     assert [a["steps"]["kept"] for a in rep["attempts"]] == [100, STEPS - 100]
-    # the rolled-back steps and the partial step, to the crash instant, on rank 0's clock;
-    # 15% as for DDP (tests/e2e/test_torch_restart.py): the partial step's end is the
-    # failure instant the survivors recorded, a few tens of ms after the crash when loaded
-    assert rep["buckets"]["recompute"] == pytest.approx(true_recompute(job), rel=0.15)
+    # recompute: the rolled-back steps and the partial step, on rank 0's clock, to the
+    # failure instant, which lies between the crash and the first survivor's own error
+    # (its all-gather raising: 4 s late once under load); 15% as for DDP; restart less
+    # that latency; startup (framework_jobs.restart_and_startup_match_the_jobs_clock)
     restart_and_startup_match_the_jobs_clock(job)
     assert rep["attempts"][1]["restart_parts"]["restore"] > 0
 

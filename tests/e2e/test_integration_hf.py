@@ -28,7 +28,6 @@ from tests.e2e.framework_jobs import (
     run_job,
     the_slowed_ranks_finding,
     true_lateness,
-    true_recompute,
     true_saves,
     true_slowdown,
     true_stall,
@@ -67,14 +66,11 @@ def test_restart_and_recompute_match_the_jobs_clock(job):
     buckets_sum_to_wall_clock(rep)
     assert [a["steps"]["kept"] for a in rep["attempts"]] == [RESUMED, STEPS - RESUMED]
     # goodlens steps are numbered by global_step, so attempt 0's steps 30-34 (redone after
-    # the resume from checkpoint-30) and the partial step 35 are the recompute. The job's
-    # clock ends it at the crash; goodlens at the failure the survivors recorded when their
-    # all-reduce failed, which is when the kernel closes the dead rank's sockets, after it
-    # has torn down its address space: 0.06-0.12 s after the crash for these processes
-    # (torch + transformers) on 2 loaded cores. So: never before the crash's truth, and at
-    # most 0.15 s (or 10%) after it
-    recompute, truth = rep["buckets"]["recompute"], true_recompute(job)
-    assert truth - 0.02 <= recompute <= truth + max(0.15, 0.10 * truth), (recompute, truth)
+    # the resume from checkpoint-30) and the partial step 35 are the recompute. It ends at
+    # the failure instant, between the crash and the first survivor's own error (its
+    # all-reduce raising when the kernel closes the dead rank's sockets: 0.06-0.12 s after
+    # the crash for these processes on 2 loaded cores), 15% either side; restart less that
+    # latency; their sum whatever the latency (framework_jobs)
     restart_and_startup_match_the_jobs_clock(job)
     # the resume's loads (weights before accelerate's wrap, optimizer and scheduler after
     # it) are restore time; the RNG load runs inside the first step (after its fetch), so

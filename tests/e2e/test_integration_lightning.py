@@ -24,7 +24,6 @@ from tests.e2e.framework_jobs import (
     run_job,
     the_slowed_ranks_finding,
     true_lateness,
-    true_recompute,
     true_saves,
     true_slowdown,
     true_stall,
@@ -58,16 +57,13 @@ def test_restart_and_recompute_match_the_jobs_clock(job):
     buckets_sum_to_wall_clock(rep)
     assert [a["steps"]["kept"] for a in rep["attempts"]] == [RESUMED, STEPS - RESUMED]
     assert min(job.own_steps(0, 1)) == RESUMED  # Lightning's global_step, continued
-    # the rolled-back steps 100-117 and the partial step, to the crash instant, on rank 0's
-    # clock; 15% as for DDP (tests/e2e/test_torch_restart.py). The partial step ends at the
-    # failure instant the survivors recorded (their all-reduce raised): 90 ms after the
-    # crash with the machine's load at 9 on 2 cores, against ~0.75 s of rolled-back work
-    # (with 10 steps rolled back instead of 18 that latency alone was 16%). No save and no
-    # validation lies in that span (both run after step 99, before step 100's fetch), so
-    # none of it is checkpoint stall or eval.
-    assert rep["buckets"]["recompute"] == pytest.approx(true_recompute(job), rel=0.15)
-    # 10% as for DDP: from the crash to the restarted attempt's first step is ~15 s here
-    # (4 processes importing Lightning on 2 cores), measured by both at its two ends
+    # recompute: the rolled-back steps 100-117 and the partial step, on rank 0's clock, to
+    # the failure instant, which lies between the crash and the first survivor's own error
+    # (its all-reduce raising: 90 ms to 355 ms after the crash under load, measured), 15%
+    # either side; restart the crash to the restarted attempt's first step less that
+    # latency, 10% (~15 s: 4 processes importing Lightning on 2 cores); their sum, whatever
+    # the latency, 10%. No save and no validation lies in the rolled-back span (both run
+    # after step 99, before step 100's fetch), so none of it is checkpoint stall or eval.
     restart_and_startup_match_the_jobs_clock(job)
     # the restore: the checkpoint file's load, as the job's CheckpointIO timed it; it is
     # milliseconds, so the margin is absolute (a scheduling slice on 2 loaded cores)
