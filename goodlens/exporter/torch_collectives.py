@@ -31,6 +31,7 @@ CPU and ``hook`` for CUDA models (the exposed mode's host clock cannot see NCCL 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from time import perf_counter
@@ -358,11 +359,18 @@ def time_buffer_sync(ddp: Any, exporter: Any) -> None:
     if sync is None or getattr(sync, _WRAPPED, False):
         return
     add_wait = exporter.add_wait
+    # the wrapper lives on ``ddp``: holding ``ddp`` (its bound method) would make a cycle
+    # that keeps the model, its reducer and their gloo work alive after the job drops it,
+    # to be destroyed during interpreter finalization, where gloo aborts the process
+    # ("terminate called without an active exception", pytorch/pytorch#179291: seen)
+    func, ref = getattr(sync, "__func__", None), weakref.ref(ddp)
+    if func is None or getattr(sync, "__self__", None) is not ddp:
+        func, ref = (lambda _: sync()), (lambda: None)  # not DDP's own method: call as is
 
     def timed() -> Any:
         t0 = perf_counter()
         try:
-            return sync()
+            return func(ref())
         finally:
             add_wait("collective", perf_counter() - t0)
 

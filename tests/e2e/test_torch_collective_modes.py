@@ -24,6 +24,9 @@ STEPS = 12
 
 
 def worker(rank: int, port: int, mode: str, out: str) -> None:
+    import faulthandler
+
+    faulthandler.enable()  # an abort from C++ (SIGABRT) prints every thread's Python stack
     import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP

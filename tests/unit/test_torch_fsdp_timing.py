@@ -165,3 +165,30 @@ def test_a_ddp_models_buffer_broadcast_is_collective_wait(world_one):
     assert calls == [1]
     buffer_waits = [w for w in sink.waits[before:] if w >= WAIT]
     assert len(buffer_waits) == 1 and buffer_waits[0] < WAIT + 0.03
+
+
+def test_an_instrumented_ddp_model_is_freed_when_the_job_drops_it(world_one):
+    """The buffer-sync wrapper lives on the model, so it must not hold the model: a cycle
+    kept a hook-mode DDP model, its reducer and their gloo work alive until interpreter
+    finalization, where gloo can abort the process ("terminate called without an active
+    exception", seen once in the collective-modes test). With the cycle collector off, the
+    model is gone as soon as its last reference is; its real buffer broadcast is still
+    timed (the wrapper calls DDP's own method)."""
+    import gc
+    import weakref
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    sink = Sink()
+    sink.config, sink.attempt = None, 0
+    gc.collect()
+    gc.disable()
+    try:
+        model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+        gl.instrument(model, sink, collectives="hook")
+        model(torch.ones(3, 4)).sum().backward()
+        assert sink.waits, "the buffer broadcast and the all-reduce are timed"
+        ref = weakref.ref(model)
+        del model
+        assert ref() is None
+    finally:
+        gc.enable()
