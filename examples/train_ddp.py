@@ -13,8 +13,9 @@ rank R from step S; ``--kill-rank R --kill-at S`` exits rank R abruptly (``os._e
 ``--hang-rank R --hang-at S`` sleeps forever in rank R (the others block in all-reduce);
 ``--kill-how raise`` makes the crash an unhandled exception instead, ``kill`` a SIGKILL.
 ``--truth-dir D``: every rank appends its own clock readings (process start as the script
-saw it, each step's start and end, the restore, the crash instant) to
-``D/rank<R>-attempt<A>.jsonl``, line by line, so a test compares goodlens with the job's
+saw it, each step's start and end, the instant it is about to enter the step's
+collective, the restore, the crash instant, the instant a rank's own code saw an exception
+end its step) to ``D/rank<R>-attempt<A>.jsonl``, line by line, so a test compares goodlens with the job's
 own clock.
 Each step's compute is the MLP's forward/backward plus ``--compute-ms`` of sleep, so the
 injected delay is known exactly: slowed steps x compute_ms x pct / 100.
@@ -171,25 +172,30 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(start, args.steps):
         t_step = time.perf_counter()
         t0 = time.time()
-        with exp.step(step):  # goodlens: times the step
-            with exp.phase("data"):  # goodlens: data-loader wait
-                x, y = batch(step, rank)
-            extra = 0.0
-            if rank == args.slow_rank and step >= args.slow_from:
-                extra = compute_s * args.slow_pct / 100.0
-            if compute_s + extra > 0:
-                time.sleep(compute_s + extra)
-            if attempt == 0 and rank == args.kill_rank and step == args.kill_at:
-                truth.write("crash", t=time.time(), step=step)
-                crash(args.kill_how)
-            if attempt == 0 and rank == args.hang_rank and step == args.hang_at:
-                while True:
-                    time.sleep(3600)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()  # the communication hook times the all-reduce in here
-            opt.step()
-            exp.count(samples=len(x))  # goodlens (optional): throughput
+        try:
+            with exp.step(step):  # goodlens: times the step
+                with exp.phase("data"):  # goodlens: data-loader wait
+                    x, y = batch(step, rank)
+                extra = 0.0
+                if rank == args.slow_rank and step >= args.slow_from:
+                    extra = compute_s * args.slow_pct / 100.0
+                if compute_s + extra > 0:
+                    time.sleep(compute_s + extra)
+                if attempt == 0 and rank == args.kill_rank and step == args.kill_at:
+                    truth.write("crash", t=time.time(), step=step)
+                    crash(args.kill_how)
+                if attempt == 0 and rank == args.hang_rank and step == args.hang_at:
+                    while True:
+                        time.sleep(3600)
+                truth.write("ready", step=step, t=time.time())  # the collective is next
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()  # the communication hook times the all-reduce in here
+                opt.step()
+                exp.count(samples=len(x))  # goodlens (optional): throughput
+        except BaseException as e:  # the job's clock: when this rank saw a failure
+            truth.write("error", t=time.time(), what=type(e).__name__)
+            raise
         wall.append(time.perf_counter() - t_step)
         truth.write("step", step=step, t0=t0, t1=time.time())
         if args.ckpt_every > 0 and (step + 1) % args.ckpt_every == 0:

@@ -13,11 +13,11 @@ of scheduling noise.
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.framework_jobs import JobResult, first_step, restart_and_startup_match_the_jobs_clock
 from tests.e2e.test_torch_e2e import report, torchrun
 from tests.harness import Collector
 
@@ -100,41 +100,33 @@ def test_a_crash_under_plain_torchrun_matches_the_jobs_own_clock(tmp_path):
         assert rep["partial_steps"]["estimated"] == 1, rep["partial_steps"]
     detected = ev[(ev.kind == "failure_detected") & (ev.attempt == 0)]
     assert len(detected) and crash["t"] <= float(detected.time.min()) < first_new
-    # 3. recompute: the rolled-back steps and the partial step, to the crash instant, on
-    # rank 0's clock; within 15%
-    own = steps_of(t[0, 0])
-    true_recompute = crash["t"] - own[resumed][0]
-    assert rep["buckets"]["recompute"] == pytest.approx(true_recompute, rel=0.15)
-    # 4. restart: from the crash to the restarted attempt's first step, plus that step's
-    # excess over the attempt's median step; within 10%. It is the whole restart bucket:
-    # the first attempt's start-up is startup's, not this failure's (goodlens #28)
-    def warm_up(steps: dict[int, tuple[float, float]]) -> float:
-        durations = [b - a for s, (a, b) in sorted(steps.items())]
-        return max(0.0, durations[0] - statistics.median(durations[1:]))
+    # 3. recompute: the rolled-back steps and the partial step, on rank 0's clock, to the
+    # failure instant, which lies between the crash and the first survivor's own error
+    # (its all-reduce raising; 15% either side). 4. restart: from the crash to the
+    # restarted attempt's first step, plus that step's excess over the attempt's median
+    # step, less that detection latency (10%); their sum, which the latency does not move
+    # (10%). It is the whole restart bucket: the first attempt's start-up is startup's,
+    # not this failure's (goodlens #28). Beside a second pytest worker, the survivors'
+    # failure instants came 74 ms after the crash and recompute read 0.459 s, 0.386 to it.
+    # 6. startup: the first attempt's earliest script start to its first step (rank 0's
+    # clock), plus that step's warm-up; within 10% or 1 s, and never shorter: goodlens
+    # dates the attempt at the process's start, before the script's first line; and only
+    # the first attempt has one (all three: tests/e2e/framework_jobs.py)
+    res = JobResult(db, "crash", t, report=rep)
+    restart_and_startup_match_the_jobs_clock(res)
     new = steps_of(t[0, 1])
     first = min(new)
-    true_restart = new[first][0] - crash["t"] + warm_up(new)
     a0, a1 = rep["attempts"]
     parts1 = a1["restart_parts"]
-    assert rep["buckets"]["restart"] == pytest.approx(true_restart, rel=0.10)
     # 5. the parts: nothing unattributed; init covers the restarted processes' start-up
     # (script start to first step, less the restore), at least half of it
     assert rep["restart_parts"]["unattributed"] <= 0.10 * rep["buckets"]["restart"]
     startup = new[first][0] - first_new - (restore["t1"] - restore["t0"])
     assert parts1["init"] >= 0.5 * startup
     assert parts1["restore"] > 0
-    # 6. startup: the first attempt's earliest script start to its first step (rank 0's
-    # clock), plus that step's warm-up; within 10% or 1 s, and never shorter: goodlens
-    # dates the attempt at the process's start, before the script's first line
-    first_script = min(x["t"] for (r, a), lines in t.items() if a == 0
-                       for x in lines if x["kind"] == "script_start")
+    first_script = min(x["t"] for x in res.lines("script_start", attempt=0))
     assert rep["start"] <= first_script
-    true_startup = own[0][0] - first_script + warm_up(own)
-    got = rep["buckets"]["startup"]
-    assert true_startup - 0.2 <= got <= true_startup + max(1.0, 0.10 * true_startup), \
-        (got, true_startup)
-    assert a0["buckets"]["startup"] == pytest.approx(got) and a1["buckets"]["startup"] == 0
-    assert a0["startup_parts"]["init"] >= 0.5 * (own[0][0] - first_script)
+    assert a0["startup_parts"]["init"] >= 0.5 * (first_step(res, 0)[0] - first_script)
     # 7. restore bytes: what each rank read, the whole model under DDP, the same everywhere
     restored = ev[ev.kind == "ckpt_restore_end"]
     assert len(restored) == 4 and restored.bytes.nunique() == 1
