@@ -15,8 +15,8 @@ rank R from step S; ``--kill-rank R --kill-at S`` exits rank R abruptly (``os._e
 ``--truth-dir D``: every rank appends its own clock readings (process start as the script
 saw it, each step's start and end, the instant it is about to enter the step's
 collective, the restore, the crash instant, the instant a rank's own code saw an exception
-end its step) to ``D/rank<R>-attempt<A>.jsonl``, line by line, so a test compares goodlens with the job's
-own clock.
+end its step) to ``D/rank<R>-attempt<A>.jsonl``, line by line, so a test compares goodlens
+with the job's own clock.
 Each step's compute is the MLP's forward/backward plus ``--compute-ms`` of sleep, so the
 injected delay is known exactly: slowed steps x compute_ms x pct / 100.
 """
