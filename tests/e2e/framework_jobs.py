@@ -258,6 +258,23 @@ def true_lateness(res: JobResult, slow_rank: int, attempt: int, last: int = 64) 
     return statistics.median(loss) / statistics.median(base)
 
 
+def true_straggler_wait(res: JobResult, ranks: int,
+                        kept: dict[int, tuple[int, int]]) -> float:
+    """The straggler wait by the job's clock: per kept step (``kept``: attempt -> the steps
+    ``lo <= step < hi`` it kept) that all ``ranks`` finished, the latest rank's time from
+    its own step start to its ``ready`` line less the median rank's, summed."""
+    total = 0.0
+    for attempt, (lo, hi) in kept.items():
+        x: dict[int, list[float]] = {}
+        for r in range(ranks):
+            ready, own = res.own_ready(r, attempt), res.own_steps(r, attempt)
+            for step, (t0, _) in own.items():
+                if lo <= step < hi and step in ready:
+                    x.setdefault(step, []).append(ready[step] - t0)
+        total += sum(max(v) - statistics.median(v) for v in x.values() if len(v) == ranks)
+    return total
+
+
 def true_stall(res: JobResult) -> float:
     """The planted data-loader stall every rank had: per stalled step, the shortest of the
     ranks' stalls (what no rank could hide), summed."""

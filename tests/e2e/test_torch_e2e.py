@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.framework_jobs import JobResult, read_truth, true_straggler_wait
 from tests.harness import GOODLENS, ROOT, Collector, Prometheus, http, kill_tree
 
 pytest.importorskip("torch")
@@ -105,17 +106,16 @@ def test_a_slow_rank_is_flagged_and_its_wait_matches_the_injected_delay(tmp_path
     # (2.40 s read, 1.80 s planted), which both clocks see
     sw = report(c.db, "slow")["buckets"]["straggler_wait"]
     injected = (steps - onset) * compute_ms / 1000 * pct / 100
-    print(f"straggler_wait {sw:.3f} s; job's clock {truth['straggler_wait']:.3f} s; "
-          f"planted {injected:.3f} s")
-    assert sw == pytest.approx(truth["straggler_wait"], rel=0.10)
+    waited = true_straggler_wait(
+        JobResult(c.db, "slow", read_truth(tmp_path / "truth")), 4, {0: (0, steps)})
+    print(f"straggler_wait {sw:.3f} s; job's clock {waited:.3f} s; planted {injected:.3f} s")
+    assert sw == pytest.approx(waited, rel=0.10)
 
 
 def job_clock(folder: Path, ranks: int, slow_rank: int, onset: int) -> dict[str, float]:
     """The job's own clock (``ready`` and ``step`` lines of attempt 0) on a slowed rank:
-    ``straggler_wait``, per step every rank finished, the latest rank's time from its step
-    start to its ready line less the median rank's, summed; ``slowdown_lo`` and
-    ``slowdown_hi``, the slowed rank's lateness at its ready line (against the other ranks'
-    median) over the others' step less it, and over their time to their ready line
+    ``slowdown_lo`` and ``slowdown_hi``, its lateness at its ready line (against the other
+    ranks' median) over the others' step less it, and over their time to their ready line
     (medians over the steps since ``onset``)."""
     import statistics
     at: dict[int, dict[int, tuple[float, float, float]]] = {}
@@ -127,8 +127,6 @@ def job_clock(folder: Path, ranks: int, slow_rank: int, onset: int) -> dict[str,
             if a["kind"] == "step" and a["step"] in ready:
                 at.setdefault(a["step"], {})[r] = (ready[a["step"]], a["t0"], a["t1"])
     full = {s: v for s, v in at.items() if len(v) == ranks}
-    wait = sum(max(t - t0 for t, t0, _ in v.values())
-               - statistics.median(t - t0 for t, t0, _ in v.values()) for v in full.values())
     late, step, pre = [], [], []
     for s, v in full.items():
         if s >= onset:
@@ -137,7 +135,7 @@ def job_clock(folder: Path, ranks: int, slow_rank: int, onset: int) -> dict[str,
             step.append(statistics.median(t1 - t0 for _, t0, t1 in others) - late[-1])
             pre.append(statistics.median(t - t0 for t, t0, _ in others))
     lateness = statistics.median(late)
-    return {"straggler_wait": wait, "slowdown_lo": lateness / statistics.median(step),
+    return {"slowdown_lo": lateness / statistics.median(step),
             "slowdown_hi": lateness / statistics.median(pre)}
 
 

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.framework_jobs import JobResult, first_step, restart_and_startup_match_the_jobs_clock
+from tests.e2e.framework_jobs import (
+    JobResult,
+    first_step,
+    restart_and_startup_match_the_jobs_clock,
+    true_straggler_wait,
+)
 from tests.e2e.test_torch_e2e import report, torchrun
 from tests.harness import Collector
 
@@ -131,11 +136,17 @@ def test_a_crash_under_plain_torchrun_matches_the_jobs_own_clock(tmp_path):
     restored = ev[ev.kind == "ckpt_restore_end"]
     assert len(restored) == 4 and restored.bytes.nunique() == 1
     assert int(restored.bytes.iloc[0]) >= (32 * 64 + 64 + 64 + 1) * 4  # the MLP's floats
-    # 8. straggler wait with the default (exposed) timing: the injected delay of the kept
-    # slowed steps (rolled-back steps are recompute), within 15%
+    # 8. straggler wait with the default (exposed) timing, over the kept steps (rolled-back
+    # ones are recompute): per step, the latest rank's time to its ``ready`` line less the
+    # median rank's, on the job's own clock; within 15%. Not the planted sleep (printed):
+    # on a loaded machine the healthy ranks' own lateness is straggler wait too (a clean
+    # clone beside a Spark job read 0.843 s against 0.72 s planted)
     kept = (resumed - SLOW_FROM) + (STEPS - resumed)
     injected = kept * COMPUTE_MS / 1000 * SLOW_PCT / 100
-    assert rep["buckets"]["straggler_wait"] == pytest.approx(injected, rel=0.15)
+    truth = true_straggler_wait(res, 4, {0: (0, resumed), 1: (resumed, STEPS)})
+    sw = rep["buckets"]["straggler_wait"]
+    print(f"straggler_wait {sw:.3f} s; job's clock {truth:.3f} s; planted {injected:.3f} s")
+    assert sw == pytest.approx(truth, rel=0.15)
 
 
 def test_the_launcher_and_the_dying_process_record_the_failure(tmp_path):
