@@ -54,26 +54,23 @@ re-summarised from the segments.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
 import threading
 import time
 import uuid
-import zlib
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from goodlens.model.batch import Batch
 from goodlens.model.schema import SCHEMA_VERSION
-from goodlens.storage import reports, summaries
+from goodlens.storage import ckptfiles, reports, summaries
 from goodlens.storage.marks import (
     NEW_EVENTS,
     NEW_STEPS,
@@ -104,8 +101,6 @@ from goodlens.storage.segments import (
 from goodlens.storage.store import NotAStore, Store, open_file
 
 _TIME = {"steps": "start_time", "events": "time"}
-_COVERS = b"goodlens.covers"  # a summary checkpoint's step segments (zlib, base64 JSON)
-_CKPT_VERSION = b"goodlens.schema_version"
 
 
 class ParquetStore(SqlReader):
@@ -371,58 +366,34 @@ class ParquetStore(SqlReader):
         return out
 
     def _present(self, key: str = "*") -> set[str]:
-        return {str(p) for p in (self.root / "steps").glob(f"{key}/*/*.parquet")}
-
-    def _checkpoints(self, key: str = "*") -> list[tuple[Path, str, set[str]]]:
-        """Each readable summary checkpoint (of run folder ``key``, default all): its path,
-        its run folder and the step segments (absolute paths) it covers; unreadable or
-        other-version ones are skipped."""
-        found = []
-        for path in sorted((self.root / "summaries").glob(f"{key}/*.parquet")):
-            try:
-                meta = pq.read_schema(path).metadata or {}
-                if meta.get(_CKPT_VERSION) != str(SCHEMA_VERSION).encode():
-                    continue
-                names = json.loads(zlib.decompress(base64.b64decode(meta[_COVERS])))
-            except (OSError, KeyError, ValueError, zlib.error, pa.ArrowException):
-                continue  # removed meanwhile, torn by hand, or not ours
-            found.append((path, path.parent.name, {str(self.root / n) for n in names}))
-        return found
+        return ckptfiles.present_segments(self.root, key)
 
     def _load_summaries(self) -> int:
         """For each run, start from the checkpoint covering the most of its step segments
-        still present: its summaries, and its segments as seen. Returns how many
-        checkpoints were loaded (one per run at most)."""
-        present = self._present()
-        cols = [r[0] for r in self._con.execute("DESCRIBE step_summaries").fetchall()]
-        by_run: dict[str, list[tuple]] = {}
-        for path, key, cov in self._checkpoints():
-            by_run.setdefault(key, []).append((len(cov & present), path.name, path,
-                                               cov & present))
-        loaded = 0
-        for key, ranked in by_run.items():
-            for hits, _, path, cov in sorted(ranked, reverse=True):
-                if not hits:
-                    break
-                try:
-                    t = pq.read_table(path)
-                except (OSError, pa.ArrowException):
-                    continue  # pruned by its writer meanwhile: the next best
-                if t.column_names != cols:
-                    # saved by an earlier goodlens (summary columns added since): its
-                    # segments stay unseen, so the rescan summarises them from the raw rows
+        still present (a collector's or a batch job's, :mod:`goodlens.storage.ckptfiles`):
+        its summaries, and its segments as seen. Returns how many checkpoints were loaded
+        (one per run at most)."""
+        tables = []
+        for key, ranked in ckptfiles.ranked_checkpoints(self.root, self._present()).items():
+            for path, cov in ranked:
+                # None: pruned by its writer meanwhile (take the next best), or saved by an
+                # earlier goodlens (summary columns added since): its segments stay unseen,
+                # so the rescan summarises them from the raw rows
+                t = ckptfiles.read_checkpoint(path)
+                if t is None:
                     continue
-                self._con.register("_ckpt", t)
-                try:
-                    self._con.execute("INSERT INTO step_summaries SELECT * FROM _ckpt")
-                finally:
-                    self._con.unregister("_ckpt")
+                tables.append(t.cast(ckptfiles.SUMMARY_SCHEMA).replace_schema_metadata())
                 with self._lock:
                     self._seen |= cov
                 self._saved[key] = set(cov)
-                loaded += 1
                 break
-        return loaded
+        if tables:  # one insert: a dataset of thousands of runs opens in one statement
+            self._con.register("_ckpt", pa.concat_tables(tables))
+            try:
+                self._con.execute("INSERT INTO step_summaries SELECT * FROM _ckpt")
+            finally:
+                self._con.unregister("_ckpt")
+        return len(tables)
 
     def save_summaries(self, con: duckdb.DuckDBPyConnection | None = None,
                        best_effort: bool = False) -> list[str]:
@@ -440,11 +411,8 @@ class ParquetStore(SqlReader):
             for key, files in sorted(changed.items()):
                 t = cur.sql("SELECT * FROM step_summaries WHERE run_id = $run "
                             "ORDER BY attempt, step",
-                            params={"run": unquote(key.split("=", 1)[1])}).to_arrow_table()
-                names = sorted(os.path.relpath(f, self.root) for f in files)
-                t = t.replace_schema_metadata({
-                    _CKPT_VERSION: str(SCHEMA_VERSION).encode(),
-                    _COVERS: base64.b64encode(zlib.compress(json.dumps(names).encode()))})
+                            params={"run": ckptfiles.run_of_key(key)}).to_arrow_table()
+                t = ckptfiles.as_checkpoint(t, self.root, files)
                 try:
                     path = self._segments.write(self.root / "summaries" / key, t)
                 except OSError:
@@ -454,9 +422,7 @@ class ParquetStore(SqlReader):
                 self._saved[key] = files
                 written.append(path)
                 if not self.read_only:
-                    present = self._present(key)
-                    old = [str(p) for p, _, cov in self._checkpoints(key)
-                           if str(p) != path and (cov & present) <= files]
+                    old = ckptfiles.superseded(self.root, key, path, files)
                     with self._lock:
                         self._doomed.append((time.monotonic(), old))
         finally:

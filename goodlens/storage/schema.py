@@ -6,10 +6,15 @@ once, from the column specifications of :mod:`goodlens.model.schema` (a field ad
 reaches both stores), plus what storage derives itself: the step summaries (their columns and
 the aggregate that fills each one, side by side), the dirty step ranges and the attempts
 view. The Parquet dataset's views and compaction queries are here too, since they define what
-its files *mean* as tables (later run metadata wins, a key counts once).
+its files *mean* as tables (later run metadata wins, a key counts once). The summarising step
+(rows counted once per key, then per-step summaries) is one SQL text that DuckDB runs here
+and Spark runs past one machine (:mod:`goodlens.storage.spark`), rendered for each by a thin
+:class:`Dialect`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from goodlens.model.schema import (
     EVENT_COLUMNS,
@@ -76,8 +81,15 @@ CREATE TABLE IF NOT EXISTS {prefix}events (
 READY = ("CASE WHEN collective_wait_s IS NOT NULL THEN duration_s - collective_wait_s "
          "WHEN compute_s IS NOT NULL THEN compute_s + coalesce(data_wait_s, 0) END")
 
+#: What a step's slowest rank is ranked by: its ready time (its duration when unmeasured),
+#: ties going to the highest rank id, so every engine, and every run of one, names the same
+#: rank and host (the tie-break is a struct compared field by field).
+_SLOWEST = f"{{struct}}(coalesce({READY}, duration_s), rank)"
+
 #: The step summaries: per column its type, the aggregate over a step's rank rows that fills
-#: it, and what it means.
+#: it, and what it means. The aggregates are one text for every engine (DuckDB and Spark SQL
+#: both read ``median``, ``min_by``, ``count``...); ``{max_by}`` and ``{struct}`` are the
+#: two names that differ, filled in by :class:`Dialect`.
 SUMMARY_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
     ("run_id", "VARCHAR", "run_id", ""),
     ("attempt", "BIGINT", "attempt", ""),
@@ -85,7 +97,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
     ("ranks", "BIGINT", "count(*)", "ranks that reported the step"),
     ("step_start", "DOUBLE", "min(start_time)", "earliest rank start (epoch s)"),
     ("step_end", "DOUBLE", "max(start_time + duration_s)", "latest rank end (epoch s)"),
-    ("ref_start", "DOUBLE", "arg_min(start_time, rank)",
+    ("ref_start", "DOUBLE", "min_by(start_time, rank)",
      "start on the lowest reporting rank's clock (reference clock)"),
     ("duration_median", "DOUBLE", "median(duration_s)", ""),
     ("duration_max", "DOUBLE", "max(duration_s)", ""),
@@ -97,9 +109,10 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
     ("ready_max", "DOUBLE", f"max({READY})", "slowest rank's time to reach the collective"),
     ("ready_ranks", "BIGINT", f"count({READY})",
      "ranks whose ready time is known (0: not measured)"),
-    ("slowest_rank", "BIGINT", f"arg_max(rank, coalesce({READY}, duration_s))",
-     "rank slowest to reach the collective (longest duration if unmeasured)"),
-    ("slowest_host", "VARCHAR", f"arg_max(host, coalesce({READY}, duration_s))", ""),
+    ("slowest_rank", "BIGINT", f"{{max_by}}(rank, {_SLOWEST})",
+     "rank slowest to reach the collective (longest duration if unmeasured; ties: highest id)"),
+    ("slowest_host", "VARCHAR", f"{{max_by}}(host, {_SLOWEST})",
+     "the slowest rank's host (null when it reported none)"),
     ("collective_wait_median", "DOUBLE", "median(collective_wait_s)", ""),
     ("data_wait_median", "DOUBLE", "median(data_wait_s)", ""),
     ("data_wait_min", "DOUBLE",
@@ -110,12 +123,68 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
 )
 SUMMARY_NAMES = [name for name, _, _, _ in SUMMARY_COLUMNS]
 
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the SQL engines that summarise step rows (DuckDB here, Spark SQL
+    past one machine, :mod:`goodlens.storage.spark`); everything else of the summarising
+    step (:func:`summary_select`, :func:`deduplicated`) is one text, so they cannot drift."""
+
+    name: str
+    max_by: str
+    """``max_by`` that keeps a null argument (the slowest rank's host may be unknown):
+    DuckDB's ``max_by`` skips rows whose argument is null, its ``arg_max_null`` does not;
+    Spark's ``max_by`` does not."""
+    struct: str
+    """A struct of positional fields, ordered field by field."""
+    qualify: bool
+    """``QUALIFY`` filters a window (DuckDB); else a subquery does, and the window is
+    ordered (Spark's ``row_number()`` needs an ``ORDER BY``)."""
+
+
+DUCKDB = Dialect("duckdb", max_by="arg_max_null", struct="row", qualify=True)
+SPARK = Dialect("spark", max_by="max_by", struct="struct", qualify=False)
+
+
+def summary_select(source: str = "steps", where: str = "", dialect: Dialect = DUCKDB) -> str:
+    """Per-step summaries (:data:`SUMMARY_COLUMNS`, in order) of the step rows in
+    ``source`` (a table, view or parenthesised subquery whose rows count once per key),
+    optionally filtered by ``where``, in ``dialect``."""
+    names = {"max_by": dialect.max_by, "struct": dialect.struct}
+    exprs = ",\n  ".join(f"{expr.format(**names)} AS {name}"
+                         for name, _, expr, _ in SUMMARY_COLUMNS)
+    return (f"SELECT\n  {exprs}\nFROM {source}" + (f"\nWHERE {where}" if where else "")
+            + "\nGROUP BY run_id, attempt, step")
+
+
+def deduplicated(table: str, source: str, dialect: Dialect = DUCKDB) -> str:
+    """The rows of ``table`` (``steps`` or ``events``) in ``source`` (raw segment rows),
+    each key counted once: a batch two collectors stored, or rows a compaction copied and
+    has not removed yet, are exact copies, so which copy is kept does not matter."""
+    cols = f"run_id, {', '.join(COLUMNS[table])}"
+    keys = ", ".join(KEYS[table])
+    if dialect.qualify:
+        return (f"SELECT {cols} FROM {source} "
+                f"QUALIFY row_number() OVER (PARTITION BY {keys}) = 1")
+    return (f"SELECT {cols} FROM (SELECT {cols}, row_number() OVER (PARTITION BY {keys} "
+            f"ORDER BY {keys}) AS _copy FROM {source}) WHERE _copy = 1")
+
+
+#: The columns of a relation of step ranges (:func:`in_boxes`).
+BOX_COLUMNS = ("run_id", "attempt_lo", "attempt_hi", "step_lo", "step_hi")
+
+
+def in_boxes(source: str, boxes: str) -> str:
+    """The rows of ``source`` inside one of the step ranges in the relation ``boxes``
+    (``run_id``, ``attempt_lo``, ``attempt_hi``, ``step_lo``, ``step_hi``): what a batch
+    pass re-summarises (:mod:`goodlens.storage.bulk`). One text for every engine."""
+    return (f"(SELECT * FROM {source} r WHERE EXISTS (SELECT 1 FROM {boxes} b WHERE "
+            "b.run_id = r.run_id AND r.attempt BETWEEN b.attempt_lo AND b.attempt_hi AND "
+            "r.step BETWEEN b.step_lo AND b.step_hi))")
+
+
 #: The summaries of one step range. Parameters: run id, attempt, first and last step.
-SUMMARY_SELECT = f"""
-SELECT {', '.join(expr for _, _, expr, _ in SUMMARY_COLUMNS)}
-FROM steps WHERE run_id = ? AND attempt = ? AND step BETWEEN ? AND ?
-GROUP BY run_id, attempt, step
-"""
+SUMMARY_SELECT = summary_select("steps", "run_id = ? AND attempt = ? AND step BETWEEN ? AND ?")
 
 #: Every stored step range of every run and attempt, as ``dirty`` rows (a migration that
 #: recomputes all summaries).
@@ -226,10 +295,8 @@ def dataset_view(table: str, glob: str) -> str:
             SELECT run_id, {_LATEST_META}, min(first_seen) AS first_seen
             FROM read_parquet('{glob}', union_by_name = true)
             GROUP BY run_id"""
-    return f"""CREATE OR REPLACE VIEW {table} AS
-        SELECT run_id, {', '.join(COLUMNS[table])}
-        FROM read_parquet('{glob}', {HIVE}, union_by_name = true)
-        QUALIFY row_number() OVER (PARTITION BY {', '.join(KEYS[table])}) = 1"""
+    return (f"CREATE OR REPLACE VIEW {table} AS " + deduplicated(
+        table, f"read_parquet('{glob}', {HIVE}, union_by_name = true)"))
 
 
 def compacted(table: str) -> str:
