@@ -1,13 +1,13 @@
 # goodlens: `make run` starts the collector on the bundled sample data; `make test` runs every test.
 # Both create .venv/ and install what they need; `make test` also installs Debian's chromium,
-# chromium-driver and prometheus when they are missing.
+# chromium-driver, prometheus and a Java runtime (for Spark) when they are missing.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8470
 DB ?= .goodlens/demo.duckdb
-APT_PACKAGES := chromium chromium-driver prometheus
+APT_PACKAGES := chromium chromium-driver prometheus default-jre-headless
 
 SAMPLES := $(patsubst %/manifest.json,%,$(wildcard sample_data/*/manifest.json))
 
@@ -22,7 +22,7 @@ $(VENV)/.stamp-run: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[server,test,torch,lightning,transformers]'
+	$(BIN)/pip install -q -e '.[server,test,torch,lightning,transformers,spark]'
 	touch $@ $(VENV)/.stamp-run
 
 system-deps:
@@ -30,6 +30,7 @@ system-deps:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

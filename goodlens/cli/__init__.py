@@ -2,10 +2,10 @@
 
 Every command that reports numbers takes ``--json`` (seconds for every duration); durations
 on the command line accept ``90s``, ``5m``, ``24h``. Commands live one concern per module
-(``serve``, ``reports``, ``data``, ``sim``, ``cluster``, ``plan``, ``runs``, ``relay``) and
-share ``common``; this module only assembles them, importing a command's module when that
-command runs (``goodlens detect`` loads neither the server's nor the simulators' modules).
-Nothing in goodlens imports the CLI.
+(``serve``, ``reports``, ``data``, ``sim``, ``cluster``, ``plan``, ``runs``, ``relay``,
+``batch``) and share ``common``; this module only assembles them, importing a command's
+module when that command runs (``goodlens detect`` loads neither the server's nor the
+simulators' modules). Nothing in goodlens imports the CLI.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ _COMMANDS = {
     "dashboard": ("serve", "dashboard"), "import": ("data", "import_cmd"),
     "replay": ("data", "replay"), "export": ("data", "export"), "plan": ("plan", "plan"),
     "relay": ("relay", "relay"), "end-run": ("runs", "end_run"),
-    "deadletter": ("deadletter", "deadletter"),
+    "deadletter": ("deadletter", "deadletter"), "summarize": ("batch", "summarize"),
+    "fleet": ("batch", "fleet"),
 }
 
 
