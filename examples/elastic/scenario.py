@@ -239,12 +239,17 @@ class Scenario:
         for node in ("node-a", "node-b", "node-c"):
             self.agent(node)
         self.wait(lambda: self.steps_in(3 * n) >= 25, "25 steps on the full world")
+        # every step 0.1 s longer until the spare joined: the shrunk world must not finish
+        # the job first (seen: its start-up took 55 s on a loaded machine, then its 240
+        # steps ran in 17 s while the spare's agent was still starting)
+        (self.state / "pace").touch()
         self.kill_node("node-c")
         # the spare starts once the shrunk world trains (its agent's start-up overlaps it)
         self.wait(lambda: self.steps_in(2 * n) >= 5, "5 steps on the shrunk world")
         self.agent("node-d")
         full = {"node-a", "node-b", "node-d"}
         self.wait(lambda: self.steps_in(3 * n, full) >= 1, "the spare joined")
+        (self.state / "pace").unlink()
         self.agent("node-e")  # the rendezvous is full: it waits
         self.wait(lambda: self.steps_in(3 * n, full) >= 15, "15 steps before the straggler")
         (self.state / "slow-node-b").touch()

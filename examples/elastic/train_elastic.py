@@ -22,7 +22,9 @@ rendezvous round) it:
   exit with code 3, so their agents re-rendezvous with whoever waits (a hot spare).
 
 A node (``GOODLENS_NODE``, set per agent) becomes a straggler while the file
-``STATE/slow-<node>`` exists: each of its micro-batches sleeps ``--slow-pct`` more.
+``STATE/slow-<node>`` exists: each of its micro-batches sleeps ``--slow-pct`` more. While
+``STATE/pace`` exists every rank's step sleeps ``PACE_S`` more (the scenario holds a shrunk
+world's pace while a spare's agent starts, so the job cannot finish before it joins).
 ``--truth-dir``: each rank appends its own clock readings (steps, restore, onset of the
 slowdown, the eviction) to ``rank<R>-attempt<A>.jsonl``, for the tests.
 """
@@ -56,6 +58,8 @@ from goodlens.exporter import torch as gl  # noqa: E402
 DIM = 32
 EXIT_RESIZE = 3
 """Exit status of the ranks that stay after an eviction: their agents re-rendezvous."""
+PACE_S = 0.1
+"""The extra step time of every rank while ``STATE/pace`` exists."""
 ENDED: list[bool] = []
 """Not empty once this process recorded its attempt's end."""
 
@@ -254,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     m, acc = choice.micro_batch, choice.accumulation
     scale = 1.0 / (choice.replicas_used * acc) if active else 0.0  # summed over ranks
     compute_s = args.compute_ms / 1000.0
-    slow_file, onset = state / f"slow-{node}", False
+    slow_file, onset, pace_file = state / f"slow-{node}", False, state / "pace"
     pending: Any = None
     for step in range(start, args.steps):
         slow = slow_file.exists()
@@ -263,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             truth.write("slow_onset", step=step)
         t0 = time.time()
         with exp.step(step):
+            if pace_file.exists():
+                time.sleep(PACE_S)
             for k in range(acc):
                 x, y = micro_batch(step, (rank * acc + k) * m, m)
                 time.sleep(compute_s * (1 + (args.slow_pct / 100 if slow else 0)))
