@@ -102,7 +102,12 @@ def run_job(tmp_path: Path, script: str, run_id: str, *args: str, nproc: int = 4
         text = log_path.read_text(errors="replace")
         assert proc.returncode == 0, text[-4000:]
         if detect_wait:
+            # summarised first, then a detection pass or more: the live detector reads step
+            # summaries, and waiting before the sync let a loaded collector summarise the
+            # last steps only at the sync, after every pass (the HSDP job: no finding stored,
+            # while `goodlens detect` on the same file found rank 0)
             import time
+            c.sync()
             time.sleep(detect_wait)
         c.sync()
     finally:
