@@ -16,16 +16,20 @@ from tests.harness import Collector
 _TIERS = ("unit", "integration", "e2e")
 
 #: Modules that load both cores for minutes (torchrun jobs of 3-6 processes, 20,000 pushes
-#: from 4 threads): under ``make test WORKERS=2`` (``pytest -n 2``) they run one after
-#: another on one worker, while the other worker runs the rest. Two of them at once would
-#: queue 8-10 processes for 2 cores: slower, and the jobs' timing claims are made for one
-#: job on the machine (plus whatever else the other worker runs: the load they are checked
-#: under).
+#: from 4 threads), marked ``heavy``. ``make test`` runs the rest on two workers first, then
+#: these in one process: their timing claims are made for one job on the machine (beside a
+#: second worker's browsers and collectors the HF job's ``job_slowdown`` read 22% under its
+#: truth, docs/testing.md). Under a plain ``pytest -n 2`` they run one after another on one
+#: worker while the other worker runs the rest; two at once would queue 8-10 processes.
 HEAVY = frozenset({
     "test_elastic_scenario", "test_torch_e2e", "test_torch_restart", "test_torch_async",
     "test_torch_collective_modes", "test_integration_fsdp2", "test_integration_hf",
     "test_integration_lightning", "test_slowdown_share", "test_hostile_ingest_http",
 })
+
+#: Modules that share one Spark session (``tests/integration/conftest.py``): on one worker,
+#: so its JVM starts once.
+SPARK = frozenset({"test_spark_summaries", "test_spark_fleet"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,12 +37,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = next((t for t in _TIERS if f"/tests/{t}/" in str(item.path)), None)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
+        if item.path.stem in HEAVY:
+            item.add_marker(pytest.mark.heavy)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under ``-n``: each module's tests on one worker (a module-scoped fixture, a torchrun
-    job or a browser, is set up once), and every :data:`HEAVY` module on the same one.
+    job or a browser, is set up once), every :data:`HEAVY` module on the same one, and the
+    :data:`SPARK` modules together.
     (``--dist loadgroup`` with ``xdist_group`` marks would say it, but xdist 3.8 groups by
     rewriting ``item._nodeid``, which pytest 9 no longer reads: the marks did nothing.)"""
     from xdist.scheduler import LoadScopeScheduling
@@ -46,7 +53,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "heavy" if Path(module).stem in HEAVY else module
+            stem = Path(module).stem
+            if stem in HEAVY:
+                return "heavy"
+            return "spark" if stem in SPARK else module
 
     return ByModule(config, log)
 

@@ -365,6 +365,10 @@ class _Builder:
         self.run = run
         self.attempt_ends = attempt_ends
         self.ev = events.sort_values("time") if len(events) else events
+        ev = self.ev
+        self.world_events = ev[ev.kind.isin([EventKind.ATTEMPT_START, EventKind.WORLD_RESIZED])
+                               & ev.world_size.notna()] if len(ev) else ev
+        """The events that set an attempt's world (time order), read per attempt."""
         self.gpr = gpus_per_rank
         self.keys: list[str] = []
         self.key_ix: dict[str, int] = {}
@@ -435,13 +439,11 @@ class _Builder:
     def _world(self, attempt: int, steps: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
         """The attempt's active GPUs over time: ``attempt_start`` and ``world_resized``
         events, else the most ranks that reported a step."""
-        ev = self.ev
+        ev = self.world_events
         times, worlds = [-np.inf], [float(steps.ranks.max()) if steps is not None and
                                     len(steps) else 0.0]
         if len(ev):
-            mine = ev[(ev.attempt == attempt)
-                      & ev.kind.isin([EventKind.ATTEMPT_START, EventKind.WORLD_RESIZED])
-                      & ev.world_size.notna()].sort_values("time")
+            mine = ev[ev.attempt.to_numpy() == attempt].sort_values("time")
             if len(mine):
                 worlds[0] = float(mine.world_size.iloc[0])
                 times += list(mine.time.astype(float).iloc[1:])

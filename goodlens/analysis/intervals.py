@@ -22,14 +22,13 @@ def pair_intervals(events: pd.DataFrame, start_kind: str, end_kinds: tuple[str, 
     first end kind preferred); an unmatched start lasts until its attempt ends.
     Vectorised: every rank of a 16k-rank job may emit its own checkpoint events."""
     ev = events
-    if not len(ev):
+    kinds = ev.kind.to_numpy() if len(ev) else np.array([], dtype=object)
+    if not (kinds == start_kind).any():  # most runs save no checkpoint of some kind
         return []
     cols = ["time", "source", "attempt", "step", "tier"]
     ev = ev[cols].assign(step=ev.step.fillna(-1).astype("int64"),
                          tier=ev.tier.fillna("").astype(str))
-    starts = ev[events.kind.to_numpy() == start_kind].sort_values("time")
-    if not len(starts):
-        return []
+    starts = ev[kinds == start_kind].sort_values("time")
     starts = starts.reset_index(drop=True).assign(end=np.inf)
     keysets = (["source", "attempt", "step", "tier"], ["source", "attempt", "tier"],
                ["source", "attempt"])
@@ -37,7 +36,7 @@ def pair_intervals(events: pd.DataFrame, start_kind: str, end_kinds: tuple[str, 
     # set), so a loose match never steals the end that a strict one would have found
     for by in keysets:
         for kind in end_kinds:
-            ends = ev[events.kind.to_numpy() == kind]
+            ends = ev[kinds == kind]
             todo = np.isinf(starts.end.to_numpy())
             if not len(ends) or not todo.any():
                 continue

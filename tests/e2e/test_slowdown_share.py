@@ -52,6 +52,20 @@ def collective_share(job) -> float:
     return statistics.median(comm) / statistics.median(steps)
 
 
+#: the band each planted share must land in (the job's clock): apart from each other
+REGIMES = {0.0: (0.0, 0.10), 0.15: (0.10, 0.27), 0.40: (0.30, 0.55)}
+
+
+def collective_parts(job) -> dict[str, float]:
+    """The slowed rank's medians from the slowed steps on (ms): its all-reduce, the planted
+    delay in it, and its step (printed when a job is outside its regime)."""
+    lines = [x for x in job.lines("comm", SLOW_RANK) if x["step"] >= SLOW_FROM]
+    steps = [b - a for s, (a, b) in job.own_steps(SLOW_RANK, 0).items() if s >= SLOW_FROM]
+    return {"comm_ms": 1e3 * statistics.median(x["s"] for x in lines),
+            "delay_ms": 1e3 * statistics.median(x["delay"] for x in lines),
+            "step_ms": 1e3 * statistics.median(steps)}
+
+
 def detect(job) -> list[dict]:
     out = subprocess.run([*GOODLENS, "detect", "--db", str(job.db), "--run", job.run_id,
                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -65,14 +79,14 @@ def test_job_slowdown_is_what_the_job_loses(tmp_path, share):
                   "--steps", str(STEPS), "--compute-ms", str(COMPUTE_MS),
                   "--comm-ms", str(comm_ms(share)), "--slow-rank", str(SLOW_RANK),
                   "--slow-ms", str(SLOW_MS), "--slow-from", str(SLOW_FROM), nproc=3)
-    # the job is what it claims: its collective's own time, as its clock measured it, is
-    # the share of its step (within 5 points: the transfer's time varies with the load);
+    # the job is in the regime it claims: its collective's own time, as its clock measured
+    # it, over its step. Only the delay is planted; the transfer under it is gloo's on 2
+    # shared cores, 3-4 ms in most runs but 8-9 ms in one (a quiet machine: 0.208 read for
+    # 0.15), so each share is a band that keeps the three regimes apart, not a point:
     # "0%" is the all-reduce alone, nothing planted
     seen = collective_share(job)
-    if share:
-        assert seen == pytest.approx(share, abs=0.05)
-    else:
-        assert seen < 0.10
+    low, high = REGIMES[share]
+    assert low <= seen < high, (seen, share, collective_parts(job))
     found = detect(job)
     # the slowed rank found as itself: its finding the only one open at the end
     still = [f for f in found if f["status"] != "resolved"]

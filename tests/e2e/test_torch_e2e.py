@@ -161,9 +161,14 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_recompute_matches(tmp_pa
     assert set(restores.step) == {39}
     first = steps[steps.attempt == 0]
     redone = first[first.step >= 40]
-    full = redone.groupby("step")["rank"].nunique()
-    full = full[full == 4].index  # steps every rank reported before the crash
-    assert len(full) > 0 and full.max() < 50
+    # steps every survivor reported before the crash. Not every rank: rank 1 leaves by
+    # os._exit, and the rows it buffered since its last flush go with it (a clean clone
+    # under two workers: none of steps 40-49 had all 4 ranks; what a crash loses, which
+    # only the killed rank's exporter could have sent)
+    survivors = redone[redone["rank"] != 1]
+    full = survivors.groupby("step")["rank"].nunique()
+    full = full[full == 3].index
+    assert len(full) > 0 and full.max() < 50, redone.groupby("step")["rank"].unique()
     rep = report(c.db, "kill")
     # rolled back: every step at or after 40 that attempt 0 recorded (some by fewer ranks)
     assert len(full) <= rep["steps"]["recomputed"] <= redone.step.nunique()

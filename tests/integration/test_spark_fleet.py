@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -33,7 +32,6 @@ from goodlens.analysis.fleet import FLEET_COLUMNS, FLEET_NAMES
 from goodlens.analysis.report import report_dict
 from goodlens.cli import main
 from goodlens.model.batch import validate_batch
-from goodlens.storage import spark
 from goodlens.storage.parquet import ParquetStore
 from goodlens.storage.schema import RUN_NAMES
 from goodlens.storage.segments import hour_name
@@ -48,12 +46,6 @@ SPAN_S = 42 * 86_400.0  # six weeks of runs
 RUNS = 1_000
 AT = T0 + SPAN_S + 86_400.0  # runs still in progress are accounted up to here
 
-
-@pytest.fixture(scope="module")
-def session() -> Iterator[object]:
-    with spark.spark_session("local[2]", {"spark.sql.shuffle.partitions": "2",
-                                          "spark.driver.memory": "1g"}) as s:
-        yield s
 
 
 def fleet_run(i: int, n: int) -> dict:

@@ -20,7 +20,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -48,13 +47,7 @@ pytestmark = [pytest.mark.slow,  # pyspark 4.3 warns of pandas 3, which it does 
               pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")]
 SIM = ROOT / "sample_data" / "sim-64"
 REL = 1e-12
-SPARK_CONF = {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}
 
-
-@pytest.fixture(scope="module")
-def session() -> Iterator[object]:
-    with spark.spark_session("local[2]", SPARK_CONF) as s:
-        yield s
 
 
 def spark_pass(session, root: Path) -> bulk.PassStats:
