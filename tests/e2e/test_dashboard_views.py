@@ -154,8 +154,12 @@ def test_zooming_the_goodput_graph_sets_the_window(loaded: Collector, dash_br) -
     _assert_overview_is(dash_br, rep)
     # the same span on both: the window is kept to the second, and the goodput graph may
     # keep the sub-second span the mouse drew (the user's zoom is kept across redraws)
+    # (seen false after 30 s in a clean clone beside two busy loops, 1 run of 3 this
+    # session, 3 of 12 before; the cause not yet shown: the ranges and the URL are printed)
     assert wait_until(lambda: _same_span(dash_br.driver.execute_script(axis, "#timeline-graph"),
-                                         dash_br.driver.execute_script(axis, "#series-graph")))
+                                         dash_br.driver.execute_script(axis, "#series-graph"))), {
+        "timeline": dash_br.driver.execute_script(axis, "#timeline-graph"),
+        "series": dash_br.driver.execute_script(axis, "#series-graph"), "query": _query(dash_br)}
     # a double-click hands the axis back to the data: the whole run again
     ActionChains(dash_br.driver).double_click(
         dash_br.find_element("#series-graph .nsewdrag")).perform()
