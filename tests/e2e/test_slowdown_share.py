@@ -47,9 +47,8 @@ def collective_share(job) -> float:
     """The collective's own time over the step, by the job's clock: the slowed rank's
     all-reduce from launch to completion (it reaches the collective last, so waits for no
     peer) over its step, medians from the slowed steps on."""
-    comm = [x["s"] for x in job.lines("comm", SLOW_RANK) if x["step"] >= SLOW_FROM]
-    steps = [b - a for s, (a, b) in job.own_steps(SLOW_RANK, 0).items() if s >= SLOW_FROM]
-    return statistics.median(comm) / statistics.median(steps)
+    parts = collective_parts(job)
+    return parts["comm_ms"] / parts["step_ms"]
 
 
 #: the band each planted share must land in (the job's clock): apart from each other

@@ -47,7 +47,6 @@ RUNS = 1_000
 AT = T0 + SPAN_S + 86_400.0  # runs still in progress are accounted up to here
 
 
-
 def fleet_run(i: int, n: int) -> dict:
     """Run ``i`` of ``n``: 2, 4 or 8 ranks, 1 to 3 attempts (a GPU failure rolls back to the
     last checkpoint), a slow rank in every fourth run, checkpoints in every third, and the

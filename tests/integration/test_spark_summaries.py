@@ -49,7 +49,6 @@ SIM = ROOT / "sample_data" / "sim-64"
 REL = 1e-12
 
 
-
 def spark_pass(session, root: Path) -> bulk.PassStats:
     return bulk.summarize_dataset(root, spark.engine(session, root), engine="spark")
 
