@@ -61,15 +61,18 @@ reset:
 # ones: torchrun jobs, 20,000 hostile pushes). Those then run alone in one process: beside
 # the other worker's tests a framework job's job_slowdown read 22% under its truth (issue
 # #29, docs/testing.md). Both runs always happen; `make test` fails if either did.
+# Each run is capped at PART_LIMIT seconds by tests/run-part.sh, which prints where every
+# pytest process was if one hangs.
 WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+PART_LIMIT ?= 1500
+PART := PYTHON=$(BIN)/python PART_LIMIT=$(PART_LIMIT) bash tests/run-part.sh
 
 test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	@rc=0; \
-	echo "== light tests, $(WORKERS) workers"; $(PYTEST) -n $(WORKERS) -m "not heavy" || rc=1; \
-	echo "== heavy tests, one process"; $(PYTEST) -m heavy || rc=1; \
+	$(PART) "light tests, $(WORKERS) workers" -n $(WORKERS) -m "not heavy" || rc=1; \
+	$(PART) "heavy tests, one process" -m heavy || rc=1; \
 	exit $$rc
 
 test-unit: $(VENV)/.stamp-test

@@ -6,6 +6,10 @@ the benchmarks share; each test is marked with its tier from its folder
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +18,15 @@ import pytest
 from tests.harness import Collector
 
 _TIERS = ("unit", "integration", "e2e")
+
+# `make test` caps each pytest run (tests/run-part.sh) with `timeout -s USR1`: every pytest
+# process (xdist's controller and workers) then writes where each of its threads is, into a
+# file of its own in GOODLENS_TEST_STACKS (three processes writing to one stderr interleave
+# their lines), which the script prints.
+_STACKS_DIR = os.environ.get("GOODLENS_TEST_STACKS")
+_STACKS = (open(Path(_STACKS_DIR) / f"{os.getpid()}.txt", "w")  # noqa: SIM115 (for life)
+           if _STACKS_DIR else sys.__stderr__)
+faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
 
 #: Modules that load both cores for minutes (torchrun jobs of 3-6 processes, 20,000 pushes
 #: from 4 threads), marked ``heavy``. ``make test`` runs the rest on two workers first, then
@@ -58,7 +71,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
                 return "heavy"
             return "spark" if stem in SPARK else module
 
+        def remove_node(self, node: object) -> str | None:
+            return requeue_after_crash(self, node)
+
     return ByModule(config, log)
+
+
+def requeue_after_crash(sched: object, node: object) -> str | None:
+    """What xdist 3.8's ``LoadScopeScheduling.remove_node`` should do when a worker dies.
+
+    Its own puts every unit the dead worker had back in the queue, finished ones too, and
+    the test that crashed still pending. A replacement worker then gets a unit with nothing
+    to run, is sent an empty batch, never reports, and is never shut down: the session waits
+    forever (the CI run that a native abort in one worker turned into a 90-minute timeout;
+    ``tests/integration/test_suite_scheduler.py`` shows it). Here the crashed test counts as
+    done (xdist reports it failed, with the worker's crash), only units with tests left go
+    back, at the front, and the live workers are offered them."""
+    workload = sched.assigned_work.pop(node)
+    pending = [(scope, unit) for scope, unit in workload.items() if not all(unit.values())]
+    if not pending:
+        return None
+    crashed = next(nodeid for _, unit in pending for nodeid, done in unit.items() if not done)
+    pending[0][1][crashed] = True
+    for scope, unit in reversed(pending):
+        if not all(unit.values()):
+            sched.workqueue[scope] = unit
+            sched.workqueue.move_to_end(scope, last=False)
+    for live in list(sched.assigned_work):
+        sched._reschedule(live)
+    return crashed
 
 
 @pytest.fixture

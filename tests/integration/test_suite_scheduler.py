@@ -1,0 +1,71 @@
+"""The suite's own xdist scheduler (``tests/conftest.py``) survives a worker that dies.
+
+A native abort in one worker once turned a CI run into a 90-minute timeout: xdist 3.8's
+scope scheduler handed the replacement worker a unit with nothing left to run and then
+waited on it forever. Here a real ``pytest -n 2`` runs a small tree whose one test aborts
+its process; the run must end, report that test as the crash, and run every other test
+once, the crashed module's later tests included.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.harness import ROOT
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Module stems of the tree: two grouped into one unit as the Spark ones are, one that
+#: crashes in its second test, and plain ones.
+PLAIN = ("test_a", "test_b", "test_c", "test_d", "test_e")
+GROUPED = ("test_spark_summaries", "test_spark_fleet")
+
+
+def _tree(root: Path) -> None:
+    (root / "conftest.py").write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.conftest import pytest_xdist_make_scheduler  # noqa: F401
+        """))
+    for stem in PLAIN + GROUPED:
+        (root / f"{stem}.py").write_text(
+            "import time\n" + "".join(f"def test_{i}():\n    time.sleep(0.2)\n"
+                                      for i in range(3)))
+    (root / "test_crash.py").write_text(textwrap.dedent("""\
+        import os, time
+        def test_0():
+            time.sleep(0.2)
+        def test_1():
+            os.abort()
+        def test_2():
+            time.sleep(0.2)
+        """))
+
+
+def test_a_worker_that_aborts_fails_its_test_and_the_run_still_ends(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    report = tmp_path / "report.xml"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+             f"--junitxml={report}", "."],
+            cwd=tmp_path, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the run did not end after a worker crash:\n{exc.stdout}\n{exc.stderr}")
+    outcomes: dict[str, list[str]] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname')}.{case.get('name')}"
+        failed = case.find("failure") is not None or case.find("error") is not None
+        outcomes.setdefault(name, []).append("failed" if failed else "passed")
+    expected = {f"{stem}.test_{i}": ["passed"] for stem in PLAIN + GROUPED for i in range(3)}
+    expected |= {"test_crash.test_0": ["passed"], "test_crash.test_1": ["failed"],
+                 "test_crash.test_2": ["passed"]}
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert outcomes == expected, done.stdout[-3000:]
+    assert "crashed while running 'test_crash.py::test_1'" in done.stdout, done.stdout[-3000:]
