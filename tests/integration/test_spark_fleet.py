@@ -5,7 +5,7 @@ same table whether DuckDB or Spark summarised the raw rows; the table is plain P
 DuckDB and Spark read without goodlens, and the documented example query (goodput by week
 and job name, docs/spark.md) gives one answer on both; its numbers are the report's (a
 run's attempts add up to its report) and, on a small run, the ones worked out by hand.
-Real Spark (local mode, one session for the module), real Parquet datasets, no mocks.
+Real Spark (local mode, one session for both Spark modules), real Parquet datasets, no mocks.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def write_fleet(root: Path, n: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, session) -> dict[str, Path]:
+def fleet(tmp_path_factory, spark_session) -> dict[str, Path]:
     """The fleet written once, its table built by each engine from its own copy."""
     base = tmp_path_factory.mktemp("fleet")
     write_fleet(base / "duckdb", RUNS)
@@ -180,13 +180,13 @@ def example_query() -> str:
     return block.group(1)
 
 
-def test_the_documented_query_answers_the_same_on_duckdb_and_spark(fleet, session) -> None:
+def test_the_documented_query_answers_the_same_on_duckdb_and_spark(fleet, spark_session) -> None:
     query = example_query()
     con = duckdb.connect()
     con.execute(f"CREATE VIEW fleet AS SELECT * FROM read_parquet('{fleet['duckdb']}')")
     by_duckdb = con.execute(query).fetchall()
-    session.read.parquet(str(fleet["duckdb"].parent)).createOrReplaceTempView("fleet")
-    by_spark = [tuple(r) for r in session.sql(query).collect()]
+    spark_session.read.parquet(str(fleet["duckdb"].parent)).createOrReplaceTempView("fleet")
+    by_spark = [tuple(r) for r in spark_session.sql(query).collect()]
     # runs start over six weeks from Thursday 2026-01-01: seven calendar weeks, seven names
     assert len(by_duckdb) == len(by_spark) == 7 * len(JOBS)
     assert sum(r[2] for r in by_duckdb) == RUNS  # every run once

@@ -7,7 +7,7 @@ summaries are worked out below by hand, on ``sample_data/sim-64`` written by two
 twice and a compaction in progress. Spark's pass writes the summary checkpoints every
 reader opens, so ``goodlens report`` over them equals DuckDB's report bucket by bucket; the
 pass is incremental (segments a checkpoint covers are not read again). Real Spark (local
-mode, one session per module), real Parquet datasets, no mocks.
+mode, one session for both Spark modules), real Parquet datasets, no mocks.
 
 Float tolerance: summaries equal to a relative 1e-12 (medians interpolate in each engine's
 own arithmetic; on these datasets they come out identical); reports to 1e-6 s.
@@ -49,8 +49,8 @@ SIM = ROOT / "sample_data" / "sim-64"
 REL = 1e-12
 
 
-def spark_pass(session, root: Path) -> bulk.PassStats:
-    return bulk.summarize_dataset(root, spark.engine(session, root), engine="spark")
+def spark_pass(spark_session, root: Path) -> bulk.PassStats:
+    return bulk.summarize_dataset(root, spark.engine(spark_session, root), engine="spark")
 
 
 def checkpoint(root: Path, run_id: str) -> pa.Table:
@@ -141,11 +141,11 @@ def hand_dataset(root: Path) -> None:
     close_without_checkpoints(root, a, b)
 
 
-def test_a_hand_worked_case_summarises_the_same_on_every_engine(session, tmp_path) -> None:
+def test_a_hand_worked_case_summarises_the_same_on_every_engine(spark_session, tmp_path) -> None:
     hand_dataset(tmp_path / "d")
     shutil.copytree(tmp_path / "d", tmp_path / "e")
     want = pa.Table.from_pylist(EXPECTED, schema=ckptfiles.SUMMARY_SCHEMA)
-    stats = spark_pass(session, tmp_path / "d")
+    stats = spark_pass(spark_session, tmp_path / "d")
     assert (stats.runs_summarised, stats.segments_read, stats.rows_read) == (1, 2, 9)
     assert_same(checkpoint(tmp_path / "d", RUN), want)  # Spark
     assert_same(duckdb_summaries(tmp_path / "d", RUN), want)  # the DuckDB reader
@@ -183,12 +183,12 @@ def sim64(tmp_path_factory) -> Path:
 
 
 def test_sim64_from_two_collectors_summarises_the_same_on_spark_and_duckdb(
-        session, sim64, tmp_path) -> None:
+        spark_session, sim64, tmp_path) -> None:
     root = tmp_path / "d"
     shutil.copytree(sim64, root)
     writers_seen = {p.name.rsplit("-", 2)[0] for p in (root / "steps").rglob("*.parquet")}
     assert writers_seen == {"collector-a", "collector-b"}
-    stats = spark_pass(session, root)
+    stats = spark_pass(spark_session, root)
     assert stats.rows_read == 194_184 and stats.steps_summarised == 3_054
     assert_same(checkpoint(root, "sim-64"), duckdb_summaries(root, "sim-64"))
     # every reader starts from Spark's checkpoint and summarises nothing itself
@@ -211,7 +211,7 @@ def test_sim64_from_two_collectors_summarises_the_same_on_spark_and_duckdb(
         single.close()
 
 
-def test_the_same_batch_twice_and_a_compaction_in_progress_count_once(session,
+def test_the_same_batch_twice_and_a_compaction_in_progress_count_once(spark_session,
                                                                       tmp_path) -> None:
     root = tmp_path / "d"
     # a's merged segment's sources stay beside it for an hour: a compaction in progress
@@ -228,7 +228,7 @@ def test_the_same_batch_twice_and_a_compaction_in_progress_count_once(session,
     # 200 distinct keys: 300 rows written (rank 0's 100 twice), 200 copied by a's merge
     assert rows == 500
     shutil.copytree(root, tmp_path / "e")  # (the writers stay open: no checkpoint yet)
-    stats = spark_pass(session, root)
+    stats = spark_pass(spark_session, root)
     assert stats.rows_read == 500
     got = checkpoint(root, "dup")
     assert got.num_rows == 100 and pc.all(pc.equal(got.column("ranks"), 2)).as_py()
@@ -242,25 +242,25 @@ def test_the_same_batch_twice_and_a_compaction_in_progress_count_once(session,
     b.close()
 
 
-def test_the_pass_is_incremental_and_stays_exact(session, tmp_path) -> None:
+def test_the_pass_is_incremental_and_stays_exact(spark_session, tmp_path) -> None:
     root = tmp_path / "d"
     (a,) = writers(root, "a")
     for s in range(0, 50, 10):  # five segments of ten steps, four ranks
         a.write_group([validate_batch(step_batch("inc", r, list(range(s, s + 10))))
                        for r in range(4)])
     close_without_checkpoints(root, a)
-    first = spark_pass(session, root)
+    first = spark_pass(spark_session, root)
     assert (first.segments, first.segments_read, first.rows_read) == (5, 5, 200)
 
     # (the writers below stay open: a collector that stops saves a checkpoint of its own)
     b, c = writers(root, "b", "c")  # new steps: only the new segment is read
     b.write_group([validate_batch(step_batch("inc", r, list(range(50, 60)))) for r in range(4)])
-    second = spark_pass(session, root)
+    second = spark_pass(spark_session, root)
     assert (second.segments, second.segments_read, second.rows_read) == (6, 1, 40)
     assert_same(checkpoint(root, "inc"), duckdb_summaries(root, "inc"))
 
     c.write_group([validate_batch(step_batch("inc", 4, [12, 13, 14]))])  # a late rank
-    third = spark_pass(session, root)
+    third = spark_pass(spark_session, root)
     assert (third.segments_read, third.rows_read) == (2, 43)
     got = checkpoint(root, "inc")
     assert_same(got, duckdb_summaries(root, "inc"))
@@ -268,7 +268,7 @@ def test_the_pass_is_incremental_and_stays_exact(session, tmp_path) -> None:
     assert [ranks[s] for s in (11, 12, 13, 14, 15)] == [4, 5, 5, 5, 4]
     assert got.num_rows == 60
 
-    nothing = spark_pass(session, root)  # nothing new: nothing read, nothing written
+    nothing = spark_pass(spark_session, root)  # nothing new: nothing read, nothing written
     assert (nothing.runs_summarised, nothing.segments_read, nothing.checkpoints_written) == (
         0, 0, 0)
     reader = ParquetStore(root, read_only=True)
@@ -278,7 +278,7 @@ def test_the_pass_is_incremental_and_stays_exact(session, tmp_path) -> None:
     c.close()
 
 
-def test_summarize_and_report_on_the_command_line(session, sim64, tmp_path) -> None:
+def test_summarize_and_report_on_the_command_line(spark_session, sim64, tmp_path) -> None:
     root = tmp_path / "d"
     shutil.copytree(sim64, root)
     runner = CliRunner()
@@ -317,13 +317,13 @@ def test_no_other_command_loads_pyspark() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_summary_columns_match_on_types(session, tmp_path) -> None:
+def test_summary_columns_match_on_types(spark_session, tmp_path) -> None:
     """Spark's Arrow types are cast to the checkpoint's: the file a DuckDB reader saves and
     the file Spark's pass saves have one schema; a run id of digits stays text."""
     hand_dataset(tmp_path / "d")
     (w,) = writers(tmp_path / "d", "w")
     w.write_group([validate_batch(step_batch("0042", 0, [0, 1]))])
-    spark_pass(session, tmp_path / "d")
+    spark_pass(spark_session, tmp_path / "d")
     w.close()
     assert checkpoint(tmp_path / "d", "0042").column("run_id").to_pylist() == ["0042"] * 2
     ranked = ckptfiles.ranked_checkpoints(tmp_path / "d",
