@@ -35,16 +35,16 @@ def _tree(root: Path) -> None:
         """))
     for stem in PLAIN + GROUPED:
         (root / f"{stem}.py").write_text(
-            "import time\n" + "".join(f"def test_{i}():\n    time.sleep(0.2)\n"
+            "import time\n" + "".join(f"def test_{i}():\n    time.sleep(0.05)\n"
                                       for i in range(3)))
     (root / "test_crash.py").write_text(textwrap.dedent("""\
         import os, time
         def test_0():
-            time.sleep(0.2)
+            time.sleep(0.05)
         def test_1():
             os.abort()
         def test_2():
-            time.sleep(0.2)
+            time.sleep(0.05)
         """))
 
 
