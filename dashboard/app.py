@@ -125,11 +125,11 @@ def _register_run_pages(app: dash.Dash, data: RunData) -> None:
             # what is shown: the run's version and the controls it was drawn for (a redraw
             # for a control that the browser dropped, superseded by a timer tick, is then
             # made by the next tick instead of never)
-            key = [*v, *values]
-            live = dash.ctx.triggered_id == "tick"
-            if shown is not None and key == list(shown) and live:
+            key = [list(v), list(values)]
+            keep = redraw(key, shown, dash.ctx.triggered_id == "tick")
+            if keep is None:
                 return (NO,) * (n + 1)
-            return (*_to_graphs(outputs, build(run_id, *values), live), key)
+            return (*_to_graphs(outputs, build(run_id, *values), keep), key)
 
     def checkpoints(run_id: str, since: str | None, until: str | None, price: Any,
                     retained: Any) -> tuple:
@@ -183,15 +183,15 @@ def _register_ranks(app: dash.Dash, data: RunData) -> None:
         rk = data.ranks(run_id, pick, span == "all", since or "", until or "")
         if rk is None:
             return (f"run {run_id!r} is gone", *(NO,) * (n + 1))
-        key = [*rk["version"], attempt, pool, span, since or "", until or "",
+        key = [list(rk["version"]), [attempt, pool, span, since or "", until or ""],
                rk["findings_source"] != "pending"]
-        live = dash.ctx.triggered_id == "tick"
-        if shown is not None and key == list(shown) and live:
+        keep = redraw(key, shown, dash.ctx.triggered_id == "tick")
+        if keep is None:
             return (NO,) * (n + 2)
         parts = pages.ranks_parts(rk, pool or "max")
         values = [parts[i] for i in (*pages.RANKS_DIVS, *pages.RANKS_GRAPHS)]
         # "latest" follows a live run into its next attempt; the list grows with it
-        return (*_to_graphs(rk_outputs, values, live), key,
+        return (*_to_graphs(rk_outputs, values, keep), key,
                 pages.attempt_options(rk["attempts"]))
 
 
@@ -236,10 +236,26 @@ def _register_whatif(app: dash.Dash, data: RunData) -> None:
         return pages.whatif_body(data.whatif(run_id, changes), cal)
 
 
-def _to_graphs(outputs: list[Output], values: Any, live: bool) -> list[Any]:
+def redraw(key: list[Any], shown: Any, tick: bool) -> bool | None:
+    """How a page redraws, given ``key`` (``[version, controls, ...]``: what it would draw)
+    and ``shown`` (the key of what it shows, or None): ``None``, not at all (a timer tick,
+    nothing moved); ``True``, as a timer redraw of the controls shown (the browser keeps the
+    user's zoom and hidden traces); ``False``, afresh. A tick that finds other controls than
+    the ones shown draws afresh: the browser drops a control's answer that a tick's request
+    superseded, and keeping the view then kept the axes drawn for the old controls (a zoom
+    set the window, the overview showed it, and the timeline stayed on the whole run)."""
+    if shown is None:
+        return False
+    shown = list(shown)
+    if tick and shown == key:
+        return None
+    return tick and len(shown) > 1 and shown[1] == key[1]
+
+
+def _to_graphs(outputs: list[Output], values: Any, keep: bool) -> list[Any]:
     """``values`` for ``outputs``; a figure bound for a graph's ``-next`` store is wrapped
-    with whether the browser should keep the user's view (``live``: a timer redraw)."""
-    return [{"figure": v, "keep": live} if o.component_id.endswith("-next") else v
+    with whether the browser should keep the user's view (``keep``: :func:`redraw`)."""
+    return [{"figure": v, "keep": keep} if o.component_id.endswith("-next") else v
             for o, v in zip(outputs, values)]
 
 

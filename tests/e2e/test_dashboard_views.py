@@ -153,9 +153,10 @@ def test_zooming_the_goodput_graph_sets_the_window(loaded: Collector, dash_br) -
     assert 0 < rep["wall_clock_s"] < 7200
     _assert_overview_is(dash_br, rep)
     # the same span on both: the window is kept to the second, and the goodput graph may
-    # keep the sub-second span the mouse drew (the user's zoom is kept across redraws)
-    # (seen false after 30 s in a clean clone beside two busy loops, 1 run of 3 this
-    # session, 3 of 12 before; the cause not yet shown: the ranges and the URL are printed)
+    # keep the sub-second span the mouse drew (the user's zoom is kept across redraws).
+    # Once false beside two busy loops, the timeline on the whole run: a timer tick had
+    # superseded the window's request and its answer kept the axes shown (the fix and its
+    # cases: tests/unit/test_dashboard_redraw.py)
     assert wait_until(lambda: _same_span(dash_br.driver.execute_script(axis, "#timeline-graph"),
                                          dash_br.driver.execute_script(axis, "#series-graph"))), {
         "timeline": dash_br.driver.execute_script(axis, "#timeline-graph"),
