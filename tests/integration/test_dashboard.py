@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -207,12 +208,24 @@ def test_ranks_data_finds_the_planted_rank_in_a_batch_pass(tmp_path: Path) -> No
         store.close()
 
 
-def test_data_cache_follows_the_run_version(tmp_path: Path) -> None:
+def test_data_cache_follows_the_run_version(tmp_path: Path, monkeypatch) -> None:
+    # the run has not ended, so its version also moves with the clock, one step per refresh
+    # period (5 s): the clock is held still here (beside two busy loops the first overview
+    # once took past a period's end, and the second was rightly drawn anew)
+    import goodlens.dashboard.data as dash_data
+    clock = [T0 + 1e6 + 0.5]  # 0.5 s into a refresh period (T0 and 1e6 are multiples of 5)
+    monkeypatch.setattr(dash_data, "time", SimpleNamespace(time=lambda: clock[0]))
     store = _grid_store(tmp_path, ranks=8, steps=20, slow_rank=0, slowdown=0.0)
     try:
         data = RunData(store)
         a = data.overview("g")
         assert data.overview("g") is a  # unchanged run: served from the cache
+        clock[0] += 4.0
+        assert data.overview("g") is a  # 4.5 s in: the same refresh period
+        clock[0] += 5.0
+        moved = data.overview("g")  # 9.5 s in: the next period, drawn anew
+        assert moved is not a and data.overview("g") is moved
+        a = moved
         step = np.repeat(np.arange(20, 30, dtype=np.int64), 8)
         rank = np.tile(np.arange(8, dtype=np.int64), 10)
         store.write_group([Batch(run_id="g", steps=pa.table({
