@@ -6,7 +6,9 @@ against goodlens's numbers. Every job here takes the same fault flags and writes
 JSON lines, so one test harness (``tests/e2e/framework_jobs.py``) checks all of them:
 
 - ``script_start`` (before the heavy imports, passed in), ``step`` (``step``, ``t0``, ``t1``:
-  the job's own bounds of an optimizer step), ``crash`` (``t``, ``step``), ``restore``
+  the job's own bounds of an optimizer step; ``rq``: the seconds the rank's main thread has
+  waited for a CPU since it started, the kernel's ``/proc/self/schedstat``, read as the line
+  is written), ``crash`` (``t``, ``step``), ``restore``
   (``t0``, ``t1``, ``step``: the checkpoint load), ``save`` (``t0``, ``t1``, ``step``: the
   blocking part of a checkpoint save), ``stall`` (``t0``, ``t1``, ``step``: a planted
   data-loader stall), ``slow`` (``ms``, ``start``: the planted sleep per step on the slow
@@ -53,6 +55,16 @@ def attempt() -> int:
                or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def runqueue_s() -> float:
+    """Seconds this process's main thread has been runnable but waiting for a CPU (the
+    kernel's scheduler statistics), or NaN where the kernel does not keep them. How much a
+    loaded machine slowed a rank, which no clock inside the job can tell apart from work."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 class JobClock:
     """The job's own clock: JSON lines appended (and flushed) as things happen, so a rank
     killed mid-run leaves every line it wrote. A no-op without a folder."""
@@ -68,6 +80,8 @@ class JobClock:
 
     def write(self, kind: str, **values: Any) -> None:
         if self.f is not None:
+            if kind == "step":
+                values["rq"] = runqueue_s()
             self.f.write(json.dumps({"kind": kind, **values}) + "\n")
             self.f.flush()
 
