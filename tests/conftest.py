@@ -28,17 +28,25 @@ _STACKS = (open(Path(_STACKS_DIR) / f"{os.getpid()}.txt", "w")  # noqa: SIM115 (
            if _STACKS_DIR else sys.__stderr__)
 faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
 
-#: Modules that load both cores for minutes (torchrun jobs of 3-6 processes, 20,000 pushes
-#: from 4 threads), marked ``heavy``. ``make test`` runs the rest on two workers first, then
-#: these in one process: their timing claims are made for one job on the machine (beside a
-#: second worker's browsers and collectors the HF job's ``job_slowdown`` read 22% under its
-#: truth, docs/testing.md). Under a plain ``pytest -n 2`` they run one after another on one
-#: worker while the other worker runs the rest; two at once would queue 8-10 processes.
+#: Modules whose claims are timed against the job's own clock on a job that is alone on the
+#: machine (torchrun jobs of 3-4 processes), marked ``heavy``. ``make test`` runs the rest on
+#: two workers first, then these in one process: beside a second worker's browsers and
+#: collectors the HF job's ``job_slowdown`` read 22% under its truth (docs/testing.md).
+#: Under a plain ``pytest -n 2`` they run one after another on one worker while the other
+#: worker runs the rest; two at once would queue 8-10 processes. The elastic scenario and
+#: the 20,000 hostile pushes load both cores too, but claim nothing a loaded machine moves
+#: (they passed beside two busy loops): they run with the light tests, first (:data:`FIRST`).
 HEAVY = frozenset({
-    "test_elastic_scenario", "test_torch_e2e", "test_torch_restart", "test_torch_async",
+    "test_torch_e2e", "test_torch_restart", "test_torch_async",
     "test_torch_collective_modes", "test_integration_fsdp2", "test_integration_hf",
-    "test_integration_lightning", "test_slowdown_share", "test_hostile_ingest_http",
+    "test_integration_lightning", "test_slowdown_share",
 })
+
+#: The longest modules (or module groups) of the light tests, started first and in this
+#: order (longest first: the many short ones then even out the two workers' ends). xdist's
+#: own order is by test count, which started the two-test elastic scenario last.
+FIRST = ("test_elastic_scenario", "test_spark_summaries", "test_spark_fleet",
+         "test_hostile_ingest_http", "test_dashboard_views", "test_dashboard_browser")
 
 #: Modules that share one Spark session (``tests/integration/conftest.py``): on one worker,
 #: so its JVM starts once.
@@ -52,6 +60,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
         if item.path.stem in HEAVY:
             item.add_marker(pytest.mark.heavy)
+    rank = {m: i for i, m in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(FIRST)))  # stable: the rest
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -64,6 +74,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
+        def schedule(self) -> None:
+            self.config.option.loadscopereorder = False  # the collection's order (FIRST)
+            super().schedule()
+
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             stem = Path(module).stem
