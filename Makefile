@@ -58,7 +58,7 @@ reset:
 	rm -rf $(patsubst parquet:%,%,$(DB)) $(patsubst parquet:%,%,$(DB)).wal
 
 # pytest-xdist workers for the light tests (every module but tests/conftest.py's HEAVY
-# ones: torchrun jobs, 20,000 hostile pushes). Those then run alone in one process: beside
+# ones: the torchrun jobs timed against their own clock). Those then run alone: beside
 # the other worker's tests a framework job's job_slowdown read 22% under its truth (issue
 # #29, docs/testing.md). Both runs always happen; `make test` fails if either did.
 # Each run is capped at PART_LIMIT seconds by tests/run-part.sh, which prints where every
