@@ -85,7 +85,7 @@ def fast_forward(det: StragglerDetector, blk: Block, j0: int, steps: Sequence[in
             if which == 0:
                 u.begin[:, idx] = tot[last, :, idx].T
             else:
-                u.h_cnt[idx] = tot[last, 1, idx]
+                u.h[:, idx] = tot[last, :2, idx].T
     idx, last = _last(top[:e])
     if len(idx):
         u.at_peak[:, idx] = tot[last + 1, :2, idx].T
@@ -220,7 +220,8 @@ def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: n
         b = np.where(rb >= 0, tot[np.maximum(rb, 0), :, i].T, u.begin[:, i, None])
         rp = np.maximum.accumulate(np.where(top[:, i], at, -1))
         p = np.where(rp >= 0, tot[np.maximum(rp, 0) + 1, :2, i].T, u.at_peak[:, i, None])
-        slow = (p[0] - b[0]) / np.maximum(p[1] - b[1], 1.0)
+        sr, sc = (b[0], b[1]) if o.since is None else (o.since[0, 0], o.since[1, 0])
+        slow = (p[0] - sr) / np.maximum(p[1] - sc, 1.0)
         lasted = tot[1:, 1, i] - b[1]
         evict = (slow >= cfg.evict_floor(o.action)) & (lasted >= cfg.evict_min_steps)
         moved = np.abs(slow - o.slow) >= cfg.update_change * max(abs(o.slow), cfg.drift_k)

@@ -267,7 +267,8 @@ class Units:
         self.s, self.s_hi = self.cusum
         self.start = np.full(n, -1, np.int64)
         self.start_hi = np.full(n, -1, np.int64)
-        self.h_cnt = np.zeros(n)   # the step count when it began
+        self.h = np.zeros((2, n))   # the totals (relative excess, steps) when it began
+        self.h_rel, self.h_cnt = self.h
         # running totals (relative excess, steps, steps over k, wait), their values where the
         # excursion began and (the first two) at its peak: rows of one array each, so a
         # step sets the rows of the units that rise or peak with one indexed copy
@@ -306,17 +307,26 @@ class Units:
         st = np.where(self.sharp(m), self.start_hi[m], self.start[m])
         return int(st[st >= 0].min()) if (st >= 0).any() else step
 
-    def slowdown(self, m: list[int]) -> float:
-        """Mean relative excess from the excursion's start to its peak, pooled over the units
-        m (weighted by their steps: a member's fresh short excursion barely moves it). From
-        the main CUSUM's start even when the stricter one gives the onset: averaging from
-        where a selected run of high steps began would bias it upwards."""
+    def since(self, m: list[int]) -> np.ndarray:
+        """The totals (relative excess, steps; 2 x len(m)) where the slowdown of units m
+        began, as :meth:`onset` dates it: the stricter CUSUM's excursion start when it is
+        sharp, else the main one's. Kept by a finding when it opens, so its slowdown is the
+        mean since its ``first_step``: from the main start, a unit ~1% slow for tens of steps
+        before a 28% shift (a rank sharing a loaded core) read 0.18 for 0.28."""
+        return np.where(self.sharp(m), self.h[:, m], self.begin[:2, m])
+
+    def slowdown(self, m: list[int], since: np.ndarray | None = None) -> float:
+        """Mean relative excess from the excursion's start (or the totals ``since``, from
+        :meth:`since`) to its peak, pooled over the units m (weighted by their steps: a
+        member's fresh short excursion barely moves it)."""
+        if since is None:
+            since = self.begin[:2, m]
         if len(m) == 1:   # (checked every step while a finding lasts: plain floats)
             i = m[0]
-            rel = float(self.p_rel[i]) - float(self.b_rel[i])
-            return rel / max(float(self.p_cnt[i]) - float(self.b_cnt[i]), 1.0)
-        rel = float((self.p_rel[m] - self.b_rel[m]).sum())
-        return rel / max(float((self.p_cnt[m] - self.b_cnt[m]).sum()), 1.0)
+            rel = float(self.p_rel[i]) - float(since[0, 0])
+            return rel / max(float(self.p_cnt[i]) - float(since[1, 0]), 1.0)
+        rel = float(self.p_rel[m].sum() - since[0].sum())
+        return rel / max(float(self.p_cnt[m].sum() - since[1].sum()), 1.0)
 
     def own_scale(self, res: np.ndarray, have: np.ndarray | None, alpha: float, settle: int,
                   level_s: np.ndarray) -> np.ndarray:
@@ -387,7 +397,7 @@ class Units:
         up = rising[1].nonzero()[0]
         if len(up):
             self.start_hi[up] = step
-            self.h_cnt[up] = self.c_cnt[up]
+            self.h[:, up] = self.totals[:2].take(up, axis=1)
         self.c_rel += blk.rel[j]
         self.c_cnt += 1.0 if have is None else have
         self.c_pos += res > k

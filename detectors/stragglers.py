@@ -197,6 +197,7 @@ class _Open:
     carried_at: int | None = None  # update count when a restart carried it over
     members: list[int] | None = None  # for a roll-up: the member units it stands for
     attempt: int | None = None        # the detector's attempt at its first report
+    since: np.ndarray | None = None   # the totals at its onset (Units.since), this attempt
 
 
 class StragglerDetector:
@@ -409,6 +410,7 @@ class StragglerDetector:
                     o.wait_before = self._carry_wait.pop(i, 0.0)
                     o.carried_at = None
                     o.members = members
+                    o.since = u.since(members if members is not None else [i])
                     out.append(self._emit(i, step, attempt, "update"))
                 else:
                     out.append(self._emit(i, step, attempt, "new", members))
@@ -461,10 +463,11 @@ class StragglerDetector:
         o = self._open.get(i)
         if status == "new" or o is None:
             kind, sid = self._subject(i)
-            first = u.onset(members if members is not None else [i], step)
+            m = members if members is not None else [i]
+            first = u.onset(m, step)
             o = self._open[i] = _Open(f"{attempt}/{kind}/{self.layout.name(kind, sid)}/"
                                       f"{first}", first, step, members=members,
-                                      attempt=self.attempt)
+                                      attempt=self.attempt, since=u.since(m))
         else:
             o.seq += 1
         f = self._finding(i, step, attempt, o)
@@ -494,7 +497,7 @@ class StragglerDetector:
         if o.carried_at is not None:
             return o.slow, o.action
         m = o.members if o.members is not None else [i]
-        slow = u.slowdown(m)
+        slow = u.slowdown(m, o.since)
         lasted = float(u.c_cnt[i] - u.b_cnt[i]) if o.members is None else \
             float(np.median(u.cnt(m)))
         return slow, ("evict" if slow >= cfg.evict_floor(o.action)
