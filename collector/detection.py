@@ -94,6 +94,7 @@ class DetectionService:
         self._finished: dict[str, Any] = {}  # ended runs read to their end: at which activity
         self._sparse: set[str] = set()  # runs whose rank ids are too sparse to detect on
         self._lock = threading.Lock()
+        self._pass = threading.Lock()   # one pass at a time: the thread's or run_pass's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="goodlens-detection",
                                         daemon=True)
@@ -121,10 +122,17 @@ class DetectionService:
             return {r: [f for f in fs.values() if f.status != "resolved"]
                     for r, fs in self.findings.items()}
 
+    def run_pass(self, budget_s: float | None = None) -> list[tuple[str, Any]]:
+        """One pass now, after any pass in progress; returns the new findings. The thread's
+        passes give ended runs ``budget_s``; ``POST /v1/sync?detect=1`` gives them no limit,
+        so a job that ended has its last steps' findings stored before the answer."""
+        with self._pass:
+            return self.poll_once(budget_s=budget_s)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.poll_once(budget_s=max(1.0, self.interval_s))
+                self.run_pass(budget_s=max(1.0, self.interval_s))
             except Exception:  # the service must outlive one bad pass
                 log.exception("detection pass failed")
 

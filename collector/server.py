@@ -334,14 +334,26 @@ class CollectorApi:
         return json_response(rep)
 
     async def sync(self, request: Request) -> Response:
-        """``POST /v1/sync``: everything queued committed and summarised before it answers."""
+        """``POST /v1/sync``: everything queued committed and summarised before it answers;
+        with ``detect=1``, then a detection pass over it too (its findings stored)."""
         if (err := self.auth_error(request)) is not None:
             return err
+        detect = request.query_params.get("detect", "0")
+        if detect not in ("0", "1"):
+            return json_response({"error": f"detect must be 0 or 1, not {detect!r}",
+                                  "field": "detect"}, 422)
+        if detect == "1" and self.detection is None:
+            return json_response({"error": "detection is off (the collector runs with "
+                                  "--no-detect): sync without detect=1", "field": "detect"},
+                                 409)
         try:
             await run_in_threadpool(self.writer.sync)
         except TimeoutError as exc:
             return json_response({"error": f"{exc}; the collector is behind, try again",
                                   "field": None}, 504)
+        if detect == "1":
+            found = await run_in_threadpool(self.detection.run_pass)
+            return json_response({"ok": True, "findings": len(found)})
         return json_response({"ok": True})
 
 

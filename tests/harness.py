@@ -122,10 +122,12 @@ class Collector(ServerProcess):
     def start(self, timeout: float = 30.0) -> Collector:
         return super().start(timeout)
 
-    def sync(self, timeout: float = 600.0) -> float:
-        """POST /v1/sync (everything queued is committed and summarised); seconds taken."""
+    def sync(self, timeout: float = 600.0, detect: bool = False) -> float:
+        """POST /v1/sync (everything queued is committed and summarised; with ``detect``,
+        then a detection pass over it, its findings stored); seconds taken."""
         t = time.perf_counter()
-        status, body = http("POST", self.url + "/v1/sync", b"", timeout=timeout)
+        status, body = http("POST", self.url + "/v1/sync" + ("?detect=1" if detect else ""),
+                            b"", timeout=timeout)
         if status != 200:
             raise RuntimeError(f"/v1/sync answered {status}: {body!r:.300}")
         return time.perf_counter() - t

@@ -77,10 +77,10 @@ def read_truth(folder: Path) -> dict[tuple[int, int], list[dict]]:
 
 
 def run_job(tmp_path: Path, script: str, run_id: str, *args: str, nproc: int = 4,
-            restarts: int = 0, timeout: float = 240, detect_wait: float = 0.0) -> JobResult:
+            restarts: int = 0, timeout: float = 240, detect: bool = False) -> JobResult:
     """Run ``examples/integrations/<script>`` under torchrun (``nproc`` ranks, gloo) with a
-    collector, then read the store, the report and the job's clock. ``detect_wait``: keep
-    the collector up that long after the job so its detection pass reads the last steps."""
+    collector, then read the store, the report and the job's clock. ``detect``: after the
+    job, a detection pass over its last steps before the collector stops."""
     c = Collector(tmp_path / f"{run_id}.duckdb").start()
     truth_dir = tmp_path / "truth"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -102,15 +102,11 @@ def run_job(tmp_path: Path, script: str, run_id: str, *args: str, nproc: int = 4
             pytest.fail(f"torchrun timed out: {log_path.read_text()[-4000:]}")
         text = log_path.read_text(errors="replace")
         assert proc.returncode == 0, text[-4000:]
-        if detect_wait:
-            # summarised first, then a detection pass or more: the live detector reads step
-            # summaries, and waiting before the sync let a loaded collector summarise the
-            # last steps only at the sync, after every pass (the HSDP job: no finding stored,
-            # while `goodlens detect` on the same file found rank 0)
-            import time
-            c.sync()
-            time.sleep(detect_wait)
-        c.sync()
+        # summarised first, then a detection pass: the live detector reads step summaries,
+        # and a fixed wait before the sync let a loaded collector summarise the last steps
+        # only at the sync, after every pass (the HSDP job: no finding stored, while
+        # `goodlens detect` on the same file found rank 0)
+        c.sync(detect=detect)
     finally:
         c.stop()
     res = JobResult(c.db, run_id, read_truth(truth_dir), log=text)

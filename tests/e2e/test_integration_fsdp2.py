@@ -58,7 +58,7 @@ def job(tmp_path_factory):
                    "--kill-at", str(KILL_AT), "--stall-at", ",".join(map(str, STALL_AT)),
                    "--stall-ms", str(STALL_MS), "--rs-delay-ranks", "0,1,2", "--layers", "1",
                    "--rs-delay-ms", str(RS_MS), "--rs-delay-steps", f"{RS_STEPS[0]}:{RS_STEPS[1]}",
-                   restarts=1, detect_wait=3.0, nproc=3)
+                   restarts=1, detect=True, nproc=3)
 
 
 def test_restart_and_recompute_match_the_jobs_clock(job):
@@ -140,7 +140,7 @@ def hsdp_job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hsdp")
     return run_job(tmp, "train_fsdp2.py", "hsdp", "--hsdp", "--steps", "90",
                    "--compute-ms", str(COMPUTE_MS), "--slow-rank", "0", "--slow-ms",
-                   str(SLOW_MS), "--slow-from", "20", detect_wait=3.0)
+                   str(SLOW_MS), "--slow-from", "20", detect=True)
 
 
 def test_hsdp_times_the_replicate_all_reduce_too(hsdp_job):

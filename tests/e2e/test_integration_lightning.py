@@ -49,7 +49,7 @@ def job(tmp_path_factory):
                    "--slow-ms", str(SLOW_MS), "--slow-from", str(SLOW_FROM),
                    "--kill-rank", str(KILL_RANK), "--kill-at", str(KILL_AT),
                    "--stall-at", ",".join(map(str, STALL_AT)), "--stall-ms", str(STALL_MS),
-                   restarts=1, detect_wait=3.0)
+                   restarts=1, detect=True)
 
 
 def test_restart_and_recompute_match_the_jobs_clock(job):

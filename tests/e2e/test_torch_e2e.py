@@ -68,8 +68,7 @@ def test_a_slow_rank_is_flagged_and_its_wait_matches_the_injected_delay(tmp_path
         torchrun(tmp_path, c.url, "slow", "--steps", str(steps), "--compute-ms", str(compute_ms),
                  "--slow-rank", "2", "--slow-pct", str(pct), "--slow-from", str(onset),
                  "--collectives", "hook", "--truth-dir", str(tmp_path / "truth"))
-        c.sync()  # every step summarised before the detection passes that read them
-        time.sleep(4)  # the detection pass (every 2 s) reads the last steps
+        c.sync(detect=True)  # every step summarised, then a detection pass that reads them
     finally:
         c.stop()
     store = Store(c.db, read_only=True)

@@ -107,6 +107,11 @@ def test_end_run_through_a_collector(tmp_path: Path) -> None:
             assert http("POST", c.url + "/v1/ingest",
                         json.dumps(step_batch("r", k, list(range(20)))).encode())[0] == 200
         c.sync()
+        # a detection pass asked of a collector without detection: 409 says so
+        status, body = http("POST", c.url + "/v1/sync?detect=1", b"")
+        assert status == 409 and "--no-detect" in body["error"], body
+        status, body = http("POST", c.url + "/v1/sync?detect=yes", b"")
+        assert status == 422 and body["field"] == "detect", body
         out = json.loads(run("end-run", "--url", c.url, "--run", "r", "--json").output)
         assert out["stored"] and not out["in_progress"] and out["wall_clock_s"] == 80.0
         status, rep = http("GET", c.url + "/v1/report?run=r")
