@@ -268,7 +268,7 @@ class Units:
         self.start = np.full(n, -1, np.int64)
         self.start_hi = np.full(n, -1, np.int64)
         self.h = np.zeros((2, n))   # the totals (relative excess, steps) when it began
-        self.h_rel, self.h_cnt = self.h
+        self.h_cnt = self.h[1]
         # running totals (relative excess, steps, steps over k, wait), their values where the
         # excursion began and (the first two) at its peak: rows of one array each, so a
         # step sets the rows of the units that rise or peak with one indexed copy

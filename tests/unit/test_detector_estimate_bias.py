@@ -157,7 +157,6 @@ def test_job_slowdown_is_what_the_job_loses_whatever_the_collectives_share(share
     assert f.slowdown == pytest.approx(late_s / ready_s, rel=0.06)
 
 
-
 def test_a_creep_before_a_large_shift_does_not_dilute_the_estimate():
     """4 ranks of 40 ms (2.5% noise each, a 1% jitter they share), 250 steps, like the
     torchrun job beside two busy loops: rank 2 is 1% slow before step 100 (a rank sharing a
