@@ -18,8 +18,13 @@ and acts on what they find, so a launcher can evict a slow node while the run go
   callback: only when its event was new to the store, so a restarted collector replaying
   history, or a second collector on the same Parquet dataset, does not push it again.
 
-A step is processed once a later step has been summarised (its ranks have reported); ranks
-still missing then are treated as not reporting (NaN), which the detector tolerates.
+A step of a live attempt is scored once every rank seen in the attempt has reported it, or
+once the attempt's data has moved ``late_grace_s`` past its end (a rank that stopped
+reporting must not hold detection back: its missing rows are then NaN, which the detector
+tolerates); an ended attempt's steps are all scored. Each rank's exporter flushes on its own
+timer, so at any pass some ranks' newest steps are stored and others' are still on their
+way: scoring a step before its late ranks arrive would lose their rows for good (a rank
+whose pushes always trail the others', the slow one among them, would never be seen).
 
 Hangs: for a run whose latest attempt has not ended and whose data is live (its last step
 less than ``live_window_s`` ago), a :class:`~goodlens.detectors.hangs.HangDetector` watches each
@@ -68,13 +73,31 @@ def _moved(old: Topology | None, new: Topology | None) -> bool:
                for r in range(n))
 
 
+def scored_through(summaries: Any, last: int, grace_s: float) -> int:
+    """The last step of a live attempt that can be scored now, given its step summaries
+    (``step``, ``ranks``, ``step_end``, in step order) and the last step already scored: the
+    steps after ``last`` up to the first one that some rank seen in the attempt has not
+    reported yet, unless the attempt's data has moved ``grace_s`` past that step's end (its
+    missing ranks are then taken as not reporting). ``last`` when nothing more can be."""
+    steps = summaries.step.to_numpy()
+    ranks = summaries.ranks.to_numpy()
+    ends = summaries.step_end.to_numpy(dtype=float)
+    ready = (ranks >= ranks.max()) | (ends < np.nanmax(ends) - grace_s)
+    waiting = steps[(steps > last) & ~ready]
+    if not len(waiting):
+        return int(steps.max())
+    before = steps[steps < waiting.min()]
+    return max(last, int(before.max())) if len(before) else last
+
+
 class DetectionService:
     """Runs the straggler detector over live runs and publishes its findings."""
 
     def __init__(self, store: RunReader, writer: Writer | None, *, interval_s: float = 2.0,
                  config: StragglerConfig | None = None, webhook: str | None = None,
                  callback: Callable[[str, Any], None] | None = None,
-                 hang_config: HangConfig | None = None, live_window_s: float = 3600.0) -> None:
+                 hang_config: HangConfig | None = None, live_window_s: float = 3600.0,
+                 late_grace_s: float = 30.0) -> None:
         self.store = store
         self.writer = writer
         self.interval_s = interval_s
@@ -87,6 +110,7 @@ class DetectionService:
         self._onset: dict[tuple[str, str], float] = {}  # first report's time, same key
         self.hang_config = hang_config or HangConfig()
         self.live_window_s = live_window_s
+        self.late_grace_s = late_grace_s
         self._state: dict[tuple[str, int], int] = {}  # last step read per (run, attempt)
         self._detectors: dict[str, StragglerDetector] = {}  # one per run, reset per attempt
         self._hangs: dict[tuple[str, int], HangDetector] = {}
@@ -191,19 +215,21 @@ class DetectionService:
 
     def _advance(self, run_id: str, attempt: int, summaries: Any, tags: Any,
                  final: bool = False) -> list[Finding]:
-        # the newest step of a live attempt may still be arriving; an ended one is complete
-        done_through = int(summaries.step.max()) - (0 if final else 1)
         last = self._state.get((run_id, attempt), -1)
-        if done_through <= last:
+        newest = int(summaries.step.max())
+        if newest <= last:
             return []
-        det = self._detectors.get(run_id)
-        rows = self.store.steps(run_id, attempt=attempt, step_min=last + 1,
-                                step_max=done_through)
+        rows = self.store.steps(run_id, attempt=attempt, step_min=last + 1, step_max=newest)
         hd = self._hangs.setdefault((run_id, attempt), HangDetector(self.hang_config))
-        if len(rows):
+        if len(rows):   # every step end is news to the hang watch, complete step or not
             ends = (rows.start_time + rows.duration_s).to_numpy()
             for rank, t in zip(rows["rank"].to_numpy(), ends):
                 hd.observe(int(rank), float(t))
+        done_through = newest if final else scored_through(summaries, last, self.late_grace_s)
+        if done_through <= last:
+            return []
+        det = self._detectors.get(run_id)
+        rows = rows[rows.step <= done_through]
         ready = ready_column(rows) if len(rows) else None
         if ready is None or ready.isna().all():
             self._state[(run_id, attempt)] = done_through  # no split: nothing to score

@@ -110,13 +110,14 @@ class HangDetector:
     def observe(self, rank: int, t: float) -> None:
         """Rank ``rank`` reported (a step end or heartbeat) at time ``t`` (seconds)."""
         prev = self._last.get(rank)
-        if prev is not None and t > prev:
+        if prev is not None and t <= prev:
+            return   # an older step end (a late row, or one seen before) is no progress
+        if prev is not None:
             gap = t - prev
             # a gap that was itself reported as a hang must not stretch the timeout
             if rank not in self._reported and not self._job_reported:
                 self._max_interval = max(self._max_interval, gap)
-        if prev is None or t > prev:
-            self._last[rank] = t
+        self._last[rank] = t
         self._reported.discard(rank)
         self._job_reported = False
 

@@ -9,6 +9,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import numpy as np
 import pytest
 
 from goodlens.collector.detection import DetectionService
@@ -230,3 +231,89 @@ def test_old_ended_runs_wait_their_turn_behind_the_budget(tmp_path):
     assert [(r, f.subject_kind, f.subject_id) for r, f in found if f.status == "new"] == [
         ("demo-8x", "rank", 5)]
     assert svc.poll_once(budget_s=0.0) == []  # read to its end: not read again
+
+
+def _lagging_push(store, run_id, t0, ready, lo, hi, ranks):
+    """Rows of steps [lo, hi) for ``ranks`` of a job whose ranks reach the collective at
+    ``ready`` (steps x ranks, seconds); every rank's step ends 0.2 s after the slowest."""
+    from goodlens.model.batch import validate_batch
+    steps = list(range(lo, hi))
+    dur = ready[lo:hi].max(axis=1) + 0.2
+    start = t0 + np.concatenate([[0.0], np.cumsum(ready.max(axis=1) + 0.2)])[lo:hi]
+    for r in ranks:
+        store.write_group([validate_batch({
+            "schema_version": 1, "run_id": run_id,
+            "steps": {"attempt": 0, "rank": r, "host": f"h{r}", "step": steps,
+                      "start_time": start.tolist(), "duration_s": dur.tolist(),
+                      "compute_s": ready[lo:hi, r].tolist(),
+                      "collective_wait_s": (dur - ready[lo:hi, r]).tolist()}})])
+    store.summarize_dirty()
+
+
+def test_a_rank_whose_pushes_trail_the_others_is_still_scored(tmp_path):
+    """Each rank's exporter flushes on its own timer, so at a pass some ranks' newest steps
+    are stored and others' are on their way. Here rank 3, 25% slow from step 50, always
+    pushes one 10-step round after ranks 0-2: the live service must score its rows when they
+    come, and find what the batch pass over the same store finds. (Scoring each step as soon
+    as a later one was stored saw rank 3 on one step in ten: it was found 100 steps late.)"""
+    from goodlens.analysis.findings import detect_run
+    rng = np.random.default_rng(7)
+    n_steps = 200
+    ready = 0.8 + rng.normal(0.0, 0.008, (n_steps, 4))   # the test's own noise model
+    ready[50:, 3] += 0.2
+    store = Store(tmp_path / "lag.duckdb")
+    writer = Writer(store).start()
+    t0 = time.time() - 2 * n_steps
+    try:
+        svc = DetectionService(store, writer)
+        for lo in range(0, n_steps + 10, 10):
+            if lo < n_steps:
+                _lagging_push(store, "lag", t0, ready, lo, lo + 10, ranks=[0, 1, 2])
+            if lo >= 10:
+                _lagging_push(store, "lag", t0, ready, lo - 10, lo, ranks=[3])
+            svc.poll_once(now=t0 + 1.02 * min(lo + 10, n_steps))   # live: no hang
+        assert [(f.subject_kind, f.subject_id) for f in svc.findings["lag"].values()] == [
+            ("rank", 3)]
+        (f,) = svc._detectors["lag"].active()   # its state now, at the last step scored
+        # every step scored: that is the last step, and the wait is rank 3's excess over
+        # its siblings' median (0.2 s) on each of the ~150 steps since its onset
+        assert f.last_step == n_steps - 1 and 45 <= f.first_step <= 52
+        excess = ready[f.first_step:, 3] - np.median(ready[f.first_step:, :3], axis=1)
+        assert f.straggler_wait_s == pytest.approx(float(excess.sum()), rel=0.02)
+        assert 0.22 < f.slowdown < 0.28
+        # the same numbers as the batch pass over the stored run
+        (batch,) = detect_run(store, "lag")
+        assert (batch.first_step, batch.detected_step) == (f.first_step, f.detected_step)
+        assert batch.straggler_wait_s == pytest.approx(f.straggler_wait_s, rel=1e-9)
+        assert batch.slowdown == pytest.approx(f.slowdown, rel=1e-9)
+    finally:
+        writer.stop()
+        store.close()
+
+
+def test_a_rank_that_stops_reporting_holds_scoring_back_only_for_the_grace(tmp_path):
+    """Rank 3 reports steps 0-19 and then nothing (its exporter broke) while ranks 0-2 go
+    on to step 119, rank 2 25% slow throughout: the steps rank 3 never reports are scored
+    with it absent once the data is ``late_grace_s`` past them, so rank 2 is found, and the
+    steps inside the grace wait. Its hang watch saw every step end at once."""
+    rng = np.random.default_rng(11)
+    ready = 0.8 + rng.normal(0.0, 0.008, (120, 4))
+    ready[:, 2] += 0.2
+    step_s = float((ready.max(axis=1) + 0.2).mean())   # ~1.02 s
+    store = Store(tmp_path / "gone.duckdb")
+    writer = Writer(store).start()
+    try:
+        _lagging_push(store, "gone", time.time() - 200, ready, 0, 20, ranks=[0, 1, 2, 3])
+        _lagging_push(store, "gone", time.time() - 200, ready, 20, 120, ranks=[0, 1, 2])
+        svc = DetectionService(store, writer, late_grace_s=30.0)
+        svc.poll_once()
+        assert {f.subject_id for f in svc.findings["gone"].values()} == {2}
+        (f,) = svc._detectors["gone"].active()
+        # scored through the last step ending more than 30 s before step 119's end
+        assert 119 - 30 / step_s - 2 <= f.last_step <= 119 - 30 / step_s
+        hd = svc._hangs[("gone", 0)]
+        ends = store.steps("gone", step_min=119).eval("start_time + duration_s")
+        assert hd.last_report == pytest.approx(float(ends.max()))
+    finally:
+        writer.stop()
+        store.close()
