@@ -175,7 +175,9 @@ class DetectionService:
         deadline = None if budget_s is None else time.monotonic() + budget_s
         new: list[tuple[str, Any]] = []
         runs = self.store.runs()
-        activity = (list(zip(runs.attempts, runs.last_time)) if "last_time" in runs
+        # what marks new data: an attempt, a later activity, or more steps (a run recorded as
+        # hung whose ranks went on has its attempt's end, and so its last_time, fixed)
+        activity = (list(zip(runs.attempts, runs.last_time, runs.steps)) if "last_time" in runs
                     else [None] * len(runs))
         rows = sorted(zip(runs.run_id, runs.tags, runs.state, activity),
                       key=lambda r: r[2] != "running")   # stable: newest first within each

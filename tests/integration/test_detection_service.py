@@ -115,22 +115,24 @@ def test_live_collector_pushes_each_finding_once_to_the_webhook(tmp_path):
         hook.shutdown()
 
 
-def _live_run(store, run_id, now, last_step_ago, ended=False):
+def _live_run(writer, run_id, now, last_step_ago, ended=False):
+    """40 steps of 4 ranks through the started writer, committed and summarised (a pass of
+    the test's own beside the writer's summariser conflicts with it in DuckDB)."""
     from goodlens.model.batch import validate_batch
     steps = list(range(40))
     t0 = now - last_step_ago - 40
     for r in range(4):
-        store.write_group([validate_batch({
+        writer.submit(validate_batch({
             "schema_version": 1, "run_id": run_id,
             "steps": {"attempt": 0, "rank": r, "host": "h0", "step": steps,
                       "start_time": [t0 + s for s in steps], "duration_s": 1.0,
-                      "compute_s": 0.8, "collective_wait_s": 0.2}})])
+                      "compute_s": 0.8, "collective_wait_s": 0.2}}))
     if ended:
-        store.write_group([validate_batch({
+        writer.submit(validate_batch({
             "schema_version": 1, "run_id": run_id,
             "events": {"source": "l", "seq": [0], "kind": ["attempt_end"],
-                       "time": [now - last_step_ago], "attempt": 0, "cause": ["completed"]}})])
-    store.summarize_dirty()
+                       "time": [now - last_step_ago], "attempt": 0, "cause": ["completed"]}}))
+    writer.sync()
 
 
 def test_a_live_run_that_stops_stepping_is_recorded_as_a_hang_once(tmp_path):
@@ -138,10 +140,10 @@ def test_a_live_run_that_stops_stepping_is_recorded_as_a_hang_once(tmp_path):
     store = Store(tmp_path / "h.duckdb")
     writer = Writer(store).start()
     now = time.time()
-    _live_run(store, "hung", now, last_step_ago=120)        # silent for 2 minutes
-    _live_run(store, "fine", now, last_step_ago=5)          # still stepping
-    _live_run(store, "done", now, last_step_ago=120, ended=True)  # finished cleanly
-    _live_run(store, "old", now - 10 * 86400, last_step_ago=0)    # a replay of old data
+    _live_run(writer, "hung", now, last_step_ago=120)        # silent for 2 minutes
+    _live_run(writer, "fine", now, last_step_ago=5)          # still stepping
+    _live_run(writer, "done", now, last_step_ago=120, ended=True)  # finished cleanly
+    _live_run(writer, "old", now - 10 * 86400, last_step_ago=0)    # a replay of old data
     seen = []
     svc = DetectionService(store, writer, hang_config=HangConfig(min_timeout_s=30.0),
                            callback=lambda run, f: seen.append((run, f.subject_kind)))
@@ -196,15 +198,15 @@ def test_a_huge_rank_id_does_not_size_the_detector(tmp_path):
     writer = Writer(store).start()
     now = time.time()
     try:
-        _live_run(store, "normal", now, last_step_ago=5)
-        _live_run(store, "sparse", now, last_step_ago=5)
+        _live_run(writer, "normal", now, last_step_ago=5)
+        _live_run(writer, "sparse", now, last_step_ago=5)
         from goodlens.model.batch import validate_batch
-        store.write_group([validate_batch({
+        writer.submit(validate_batch({
             "schema_version": 1, "run_id": "sparse",
             "steps": {"attempt": 0, "rank": 16_777_215, "host": "h9", "step": [0, 1],
                       "start_time": [now - 45, now - 44], "duration_s": 1.0,
-                      "compute_s": 0.8, "collective_wait_s": 0.2}})])
-        store.summarize_dirty()
+                      "compute_s": 0.8, "collective_wait_s": 0.2}}))
+        writer.sync()
         svc = DetectionService(store, writer)
         svc.poll_once(now=now)
         assert "sparse" not in svc._detectors
@@ -233,21 +235,23 @@ def test_old_ended_runs_wait_their_turn_behind_the_budget(tmp_path):
     assert svc.poll_once(budget_s=0.0) == []  # read to its end: not read again
 
 
-def _lagging_push(store, run_id, t0, ready, lo, hi, ranks):
+def _lagging_push(writer, run_id, t0, ready, lo, hi, ranks):
     """Rows of steps [lo, hi) for ``ranks`` of a job whose ranks reach the collective at
-    ``ready`` (steps x ranks, seconds); every rank's step ends 0.2 s after the slowest."""
+    ``ready`` (steps x ranks, seconds); every rank's step ends 0.2 s after the slowest.
+    Through the started writer, as a collector stores a push (a summarising pass of the
+    test's own beside the writer's conflicts with it in DuckDB)."""
     from goodlens.model.batch import validate_batch
     steps = list(range(lo, hi))
     dur = ready[lo:hi].max(axis=1) + 0.2
     start = t0 + np.concatenate([[0.0], np.cumsum(ready.max(axis=1) + 0.2)])[lo:hi]
     for r in ranks:
-        store.write_group([validate_batch({
+        writer.submit(validate_batch({
             "schema_version": 1, "run_id": run_id,
             "steps": {"attempt": 0, "rank": r, "host": f"h{r}", "step": steps,
                       "start_time": start.tolist(), "duration_s": dur.tolist(),
                       "compute_s": ready[lo:hi, r].tolist(),
-                      "collective_wait_s": (dur - ready[lo:hi, r]).tolist()}})])
-    store.summarize_dirty()
+                      "collective_wait_s": (dur - ready[lo:hi, r]).tolist()}}))
+    writer.sync()   # committed and summarised
 
 
 def test_a_rank_whose_pushes_trail_the_others_is_still_scored(tmp_path):
@@ -268,9 +272,9 @@ def test_a_rank_whose_pushes_trail_the_others_is_still_scored(tmp_path):
         svc = DetectionService(store, writer)
         for lo in range(0, n_steps + 10, 10):
             if lo < n_steps:
-                _lagging_push(store, "lag", t0, ready, lo, lo + 10, ranks=[0, 1, 2])
+                _lagging_push(writer, "lag", t0, ready, lo, lo + 10, ranks=[0, 1, 2])
             if lo >= 10:
-                _lagging_push(store, "lag", t0, ready, lo - 10, lo, ranks=[3])
+                _lagging_push(writer, "lag", t0, ready, lo - 10, lo, ranks=[3])
             svc.poll_once(now=t0 + 1.02 * min(lo + 10, n_steps))   # live: no hang
         assert [(f.subject_kind, f.subject_id) for f in svc.findings["lag"].values()] == [
             ("rank", 3)]
@@ -303,8 +307,8 @@ def test_a_rank_that_stops_reporting_holds_scoring_back_only_for_the_grace(tmp_p
     store = Store(tmp_path / "gone.duckdb")
     writer = Writer(store).start()
     try:
-        _lagging_push(store, "gone", time.time() - 200, ready, 0, 20, ranks=[0, 1, 2, 3])
-        _lagging_push(store, "gone", time.time() - 200, ready, 20, 120, ranks=[0, 1, 2])
+        _lagging_push(writer, "gone", time.time() - 200, ready, 0, 20, ranks=[0, 1, 2, 3])
+        _lagging_push(writer, "gone", time.time() - 200, ready, 20, 120, ranks=[0, 1, 2])
         svc = DetectionService(store, writer, late_grace_s=30.0)
         svc.poll_once()
         assert {f.subject_id for f in svc.findings["gone"].values()} == {2}
@@ -314,6 +318,35 @@ def test_a_rank_that_stops_reporting_holds_scoring_back_only_for_the_grace(tmp_p
         hd = svc._hangs[("gone", 0)]
         ends = store.steps("gone", step_min=119).eval("start_time + duration_s")
         assert hd.last_report == pytest.approx(float(ends.max()))
+    finally:
+        writer.stop()
+        store.close()
+
+
+def test_a_run_recorded_as_hung_whose_ranks_go_on_is_still_scored(tmp_path):
+    """A pause longer than the hang timeout (a long checkpoint write) is recorded as a hang,
+    which ends the attempt: its end, and so the run's last activity, stay where the hang
+    was. When the ranks go on in that attempt, their steps are new data all the same: rank
+    1, 25% slow from step 60, is found."""
+    rng = np.random.default_rng(5)
+    ready = 0.8 + rng.normal(0.0, 0.008, (160, 4))
+    ready[60:, 1] += 0.2
+    store = Store(tmp_path / "paused.duckdb")
+    writer = Writer(store).start()
+    t0 = time.time() - 400
+    try:
+        svc = DetectionService(store, writer)
+        _lagging_push(writer, "paused", t0, ready, 0, 40, ranks=[0, 1, 2, 3])
+        hung = svc.poll_once(now=t0 + 40 + 300)   # 300 s silent: a hang
+        assert [f.subject_kind for _, f in hung] == ["job"]
+        writer.sync()
+        assert store.runs().state.tolist() == ["failed"]
+        _lagging_push(writer, "paused", t0, ready, 40, 160, ranks=[0, 1, 2, 3])
+        svc.poll_once(now=t0 + 170)
+        assert [(f.subject_kind, f.subject_id) for f in svc.findings["paused"].values()] == [
+            ("rank", 1)]
+        (f,) = svc._detectors["paused"].active()
+        assert f.last_step == 159 and 55 <= f.first_step <= 62
     finally:
         writer.stop()
         store.close()
