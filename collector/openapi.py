@@ -152,6 +152,29 @@ def _tables() -> dict[str, Any]:
     return op
 
 
+def _sync() -> dict[str, Any]:
+    """``POST /v1/sync?detect=``: what a script calls after a job ends instead of waiting."""
+    ok = {"type": "object", "required": ["ok"],
+          "properties": {"ok": {"type": "boolean"},
+                         "findings": {"type": "integer", "minimum": 0}}}
+    return {"post": {
+        "summary": "Returns once everything received is committed and summarised; with "
+                   "detect=1, after a detection pass over the new steps too (its findings "
+                   "stored and pushed before the answer)",
+        "security": [{}, {"bearer": []}],
+        "parameters": [{"name": "detect", "in": "query", "required": False,
+                        "description": "1: a detection pass too (default 0)",
+                        "schema": {"type": "string", "enum": ["0", "1"]}}],
+        "responses": {
+            "200": _answer("committed (findings: the new ones of the pass, with detect=1)",
+                           ok),
+            **_GUARDED,
+            "409": _answer("detect=1 on a collector started with --no-detect"),
+            "422": _answer("detect other than 0 or 1"),
+            "504": _answer("the collector is behind: try again"),
+        }}}
+
+
 def openapi_document(version: str) -> dict[str, Any]:
     """The OpenAPI 3.0 document of the collector's own endpoints."""
     obj = {"type": "object"}
@@ -215,6 +238,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                                 "evict": {"type": "array", "items": obj}}},
                 [{**_query("run", "run id"), "required": True}],
                 {"422": _answer("no run given")}),
+            "/v1/sync": _sync(),
             "/healthz": _get("Liveness: status, version, queue depth", health, secured=False),
         },
         "components": {
