@@ -100,11 +100,19 @@ def requeue_after_crash(sched: object, node: object) -> str | None:
     forever (the CI run that a native abort in one worker turned into a 90-minute timeout;
     ``tests/integration/test_suite_scheduler.py`` shows it). Here the crashed test counts as
     done (xdist reports it failed, with the worker's crash), only units with tests left go
-    back, at the front, and the live workers are offered them."""
+    back, at the front, and the live workers are offered them. What the dead worker had
+    run, in order, is printed: a native crash may come from what an earlier test left
+    behind in the process (a thread, a process group)."""
     workload = sched.assigned_work.pop(node)
     pending = [(scope, unit) for scope, unit in workload.items() if not all(unit.values())]
     if not pending:
-        return None
+        return None   # a worker shut down at the end
+    ran = [scope for scope, unit in workload.items() if any(unit.values())]
+    tr = sched.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        name = getattr(getattr(node, "gateway", None), "id", "a worker")
+        tr.ensure_newline()
+        tr.write_line(f"{name} died; what it had run, in order: {', '.join(ran) or 'nothing'}")
     crashed = next(nodeid for _, unit in pending for nodeid, done in unit.items() if not done)
     pending[0][1][crashed] = True
     for scope, unit in reversed(pending):

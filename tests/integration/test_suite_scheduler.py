@@ -69,3 +69,6 @@ def test_a_worker_that_aborts_fails_its_test_and_the_run_still_ends(tmp_path: Pa
     assert done.returncode == 1, done.stdout[-3000:]
     assert outcomes == expected, done.stdout[-3000:]
     assert "crashed while running 'test_crash.py::test_1'" in done.stdout, done.stdout[-3000:]
+    # and what the dead worker had run before, for a crash an earlier test set up
+    (line,) = [ln for ln in done.stdout.splitlines() if "what it had run" in ln]
+    assert "test_crash.py" in line, line
