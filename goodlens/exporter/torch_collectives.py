@@ -153,24 +153,22 @@ class _DeviceCollectiveTimer:
             self.exporter.add_wait("collective", ms / 1000.0)
 
 
-class _CollectiveTimer:
-    """State of the communication hook: the union of in-flight all-reduce intervals.
+class _Coverage:
+    """The union of in-flight all-reduce intervals, stamped as collective wait.
 
-    Completion callbacks may run on the backend's thread; a small lock keeps the
-    bookkeeping consistent. ``add_wait`` is stamped at completion time, which falls inside
-    the step because DDP waits for every bucket before ``backward()`` returns. ``device``
-    times CUDA buckets with events instead (present when CUDA is available).
-    """
+    What the hook's completion callback holds, and all it holds: the callback runs on the
+    backend's thread and torch destroys it there, so whatever it references may be freed
+    there. A process group freed on its own worker thread aborts the process
+    (``~ProcessGroupGloo`` joins that thread: "Resource deadlock avoided"), which the end
+    of a job reaches when its training thread drops the model and destroys the group
+    while a callback is still being let go (tests/e2e/test_torch_hook_teardown.py). A
+    small lock keeps the bookkeeping consistent across the threads callbacks run on."""
 
-    def __init__(self, exporter: Any, group: Any,
-                 device: _DeviceCollectiveTimer | None = None) -> None:
+    def __init__(self, exporter: Any) -> None:
         self.exporter = exporter
-        self.group = group
-        self.device = device
         self.lock = threading.Lock()
         self.covered_until = 0.0
         self.buckets = 0
-        self.world: int | None = None  # the group's size, read at the first bucket
 
     def record(self, t0: float, t1: float) -> None:
         with self.lock:
@@ -180,6 +178,26 @@ class _CollectiveTimer:
             self.buckets += 1
         if t1 > start:
             self.exporter.add_wait("collective", t1 - start)
+
+
+class _CollectiveTimer:
+    """State of the communication hook: its group, and the :class:`_Coverage` of its
+    buckets. ``add_wait`` is stamped at completion time, which falls inside the step
+    because DDP waits for every bucket before ``backward()`` returns. ``device`` times CUDA
+    buckets with events instead (present when CUDA is available).
+    """
+
+    def __init__(self, exporter: Any, group: Any,
+                 device: _DeviceCollectiveTimer | None = None) -> None:
+        self.group = group
+        self.device = device
+        self.coverage = _Coverage(exporter)
+        self.world: int | None = None  # the group's size, read at the first bucket
+
+    @property
+    def buckets(self) -> int:
+        """CPU buckets completed."""
+        return self.coverage.buckets
 
 
 def _timed_allreduce_hook(state: _CollectiveTimer, bucket: Any) -> Any:
@@ -201,11 +219,12 @@ def _timed_allreduce_hook(state: _CollectiveTimer, bucket: Any) -> Any:
             return f.value()[0]
 
         return dfut.then(done_on_device)
+    coverage = state.coverage   # the callback holds this, never the state and its group
     t0 = perf_counter()
     fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
     def done(f: Any) -> torch.Tensor:
-        state.record(t0, perf_counter())
+        coverage.record(t0, perf_counter())
         return f.value()[0]
 
     return fut.then(done)
