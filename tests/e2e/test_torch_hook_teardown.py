@@ -10,10 +10,13 @@ avoided", and faulthandler's "Current thread: <no Python frame>"). That killed a
 worker of ``make test`` (clean clone 5, docs/testing.md) in the test after the hook-mode DDP
 test, and would kill a training process at its exit, which torchrun reports as a failure.
 
-The script below holds the worker thread inside the callback (the exporter's ``add_wait``
-blocks) while the training thread drops every reference it has and destroys the group;
-then lets the callback return. Real gloo, one rank, in a process of its own: the faulty
-code aborts it.
+The script below, rank 0 of a two-rank gloo job, holds the worker thread inside the
+callback (the exporter's ``add_wait`` blocks) while the training thread drops every
+reference it has and destroys the group; then lets the callback return. Rank 1 contributes
+to the all-reduce only once rank 0's hook has returned, so the callback is registered
+before the all-reduce can complete and runs on gloo's thread (on one rank the all-reduce
+could complete first, and ``then`` would run it inline on the training thread). Real gloo,
+each rank a process of its own: the faulty code aborts rank 0.
 """
 
 from __future__ import annotations
@@ -27,41 +30,60 @@ import pytest
 pytest.importorskip("torch")
 
 SCRIPT = textwrap.dedent("""
-    import threading, time
+    import sys, threading
     import torch, torch.distributed as dist
     from goodlens.exporter import torch as gl
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    rank = int(sys.argv[1])
+    store = dist.FileStore(sys.argv[2], 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    if rank == 1:   # joins the all-reduce once rank 0's hook has registered its callback
+        store.wait(["hooked"])
+        dist.all_reduce(torch.ones(4) / 2)   # its own bucket, as the hook averages it
+        store.wait(["ended"])
+        dist.destroy_process_group()
+        sys.exit(0)
     in_callback, dropped = threading.Event(), threading.Event()
 
     class Exporter:   # the exporter's add_wait, called by the callback on gloo's thread
         def add_wait(self, kind, seconds):
+            assert threading.current_thread() is not threading.main_thread()
             in_callback.set()
-            assert dropped.wait(10), "the training thread never dropped the group"
+            assert dropped.wait(30), "the training thread never dropped the group"
 
     class Bucket:
         def buffer(self): return torch.ones(4)
         def is_last(self): return True
 
-    group = dist.new_group([0])
+    group = dist.group.WORLD
     state = gl._CollectiveTimer(Exporter(), group)
     fut = gl._timed_allreduce_hook(state, Bucket())
-    assert in_callback.wait(10), "the all-reduce's callback never ran"
+    store.set("hooked", "1")
+    assert in_callback.wait(60), "the all-reduce's callback never ran"
     # the training thread lets go of everything: the hook's state (DDP's, in a job), the
     # group. Freeing the group here joins gloo's thread, so the callback is let go first.
     del state
-    dist.destroy_process_group(group)
+    dist.destroy_process_group()
     threading.Timer(0.2, dropped.set).start()
     del group
-    assert fut.wait().tolist() == [1.0] * 4   # the bucket, averaged over one rank
-    dist.destroy_process_group()
+    assert fut.wait().tolist() == [1.0] * 4   # the bucket, averaged over two ranks
+    store.set("ended", "1")
     print("ended", flush=True)
 """)
 
 
 def test_the_hooks_callback_does_not_free_the_group_on_gloos_thread(tmp_path):
-    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SCRIPT], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ended", (
-        f"rc {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}")
-    assert "terminate called" not in out.stderr, out.stderr[-3000:]
+    store = str(tmp_path / "store")
+    ranks = [subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", SCRIPT, str(r),
+                               store], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out, err = ranks[0].communicate(timeout=120)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert ranks[0].returncode == 0 and out.strip() == "ended", (
+        f"rc {ranks[0].returncode}\n{out}\n{err[-3000:]}")
+    assert "terminate called" not in err, err[-3000:]
