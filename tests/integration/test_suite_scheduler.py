@@ -9,12 +9,17 @@ once, the crashed module's later tests included.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.harness import ROOT
@@ -51,13 +56,27 @@ def _tree(root: Path) -> None:
 def test_a_worker_that_aborts_fails_its_test_and_the_run_still_ends(tmp_path: Path) -> None:
     _tree(tmp_path)
     report = tmp_path / "report.xml"
+    # the nested processes import tests/conftest.py, which registers faulthandler on
+    # SIGUSR1: without GOODLENS_TEST_STACKS they write their threads to the stderr read here
+    env = {k: v for k, v in os.environ.items() if k != "GOODLENS_TEST_STACKS"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+         f"--junitxml={report}", "."],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-             f"--junitxml={report}", "."],
-            cwd=tmp_path, capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the run did not end after a worker crash:\n{exc.stdout}\n{exc.stderr}")
+        out, err = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        # where the controller and each worker wait, then stop them
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the run did not end after a worker crash:\n{out}\n{err}")
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     outcomes: dict[str, list[str]] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         name = f"{case.get('classname')}.{case.get('name')}"
