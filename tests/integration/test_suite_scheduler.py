@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.harness import ROOT
+from tests.harness import ROOT, kill_tree
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,21 +62,19 @@ def test_a_worker_that_aborts_fails_its_test_and_the_run_still_ends(tmp_path: Pa
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
          f"--junitxml={report}", "."],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)   # so kill_tree stops the controller with its workers
     try:
         out, err = proc.communicate(timeout=150)
     except subprocess.TimeoutExpired:
         # where the controller and each worker wait, then stop them
-        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGUSR1)
         time.sleep(3)
-        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        kill_tree(proc)
         out, err = proc.communicate()
         pytest.fail(f"the run did not end after a worker crash:\n{out}\n{err}")
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     outcomes: dict[str, list[str]] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         name = f"{case.get('classname')}.{case.get('name')}"
@@ -85,9 +83,9 @@ def test_a_worker_that_aborts_fails_its_test_and_the_run_still_ends(tmp_path: Pa
     expected = {f"{stem}.test_{i}": ["passed"] for stem in PLAIN + GROUPED for i in range(3)}
     expected |= {"test_crash.test_0": ["passed"], "test_crash.test_1": ["failed"],
                  "test_crash.test_2": ["passed"]}
-    assert done.returncode == 1, done.stdout[-3000:]
-    assert outcomes == expected, done.stdout[-3000:]
-    assert "crashed while running 'test_crash.py::test_1'" in done.stdout, done.stdout[-3000:]
+    assert proc.returncode == 1, out[-3000:]
+    assert outcomes == expected, out[-3000:]
+    assert "crashed while running 'test_crash.py::test_1'" in out, out[-3000:]
     # and what the dead worker had run before, for a crash an earlier test set up
-    (line,) = [ln for ln in done.stdout.splitlines() if "what it had run" in ln]
+    (line,) = [ln for ln in out.splitlines() if "what it had run" in ln]
     assert "test_crash.py" in line, line
