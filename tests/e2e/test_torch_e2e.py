@@ -3,7 +3,8 @@
 Why: the exporter, the PyTorch integration, the detectors and the accounting are only proven
 together when a real distributed job drives them (a real slow rank, crash and restart, hang,
 and a real Prometheus scraping). Each torchrun runs in its own session under a timeout and
-is killed as a group, so no stray rank outlives a test.
+is killed as a group, so no stray rank outlives a test. The crash and restart from a
+checkpoint is ``tests/e2e/test_torch_restart.py``'s, against the job's own clock.
 """
 
 from __future__ import annotations
@@ -137,56 +138,6 @@ def job_clock(folder: Path, ranks: int, slow_rank: int, onset: int) -> dict[str,
     lateness = statistics.median(late)
     return {"slowdown_lo": lateness / statistics.median(step),
             "slowdown_hi": lateness / statistics.median(pre)}
-
-
-def test_a_killed_rank_restarts_from_the_checkpoint_and_recompute_matches(tmp_path):
-    from goodlens.storage.store import Store
-    c = Collector(tmp_path / "k.duckdb").start()
-    try:
-        torchrun(tmp_path, c.url, "kill", "--steps", "80", "--ckpt-every", "20",
-                 "--kill-rank", "1", "--kill-at", "50", restarts=1)
-    finally:
-        c.stop()
-    store = Store(c.db, read_only=True)
-    try:
-        steps = store.steps("kill")
-        restores = store.events("kill", kinds=["ckpt_restore_end"])
-        failures = store.events("kill", kinds=["failure"])
-    finally:
-        store.close()
-    assert sorted(steps.attempt.unique()) == [0, 1]
-    second = steps[steps.attempt == 1]
-    assert second.step.min() == 40  # resumed after the checkpoint of step 39
-    assert set(restores.step) == {39}
-    first = steps[steps.attempt == 0]
-    redone = first[first.step >= 40]
-    # steps every survivor reported before the crash. Not every rank: rank 1 leaves by
-    # os._exit, and the rows it buffered since its last flush go with it (a clean clone
-    # under two workers: none of steps 40-49 had all 4 ranks; what a crash loses, which
-    # only the killed rank's exporter could have sent)
-    survivors = redone[redone["rank"] != 1]
-    full = survivors.groupby("step")["rank"].nunique()
-    full = full[full == 3].index
-    assert len(full) > 0 and full.max() < 50, redone.groupby("step")["rank"].unique()
-    rep = report(c.db, "kill")
-    # rolled back: every step at or after 40 that attempt 0 recorded (some by fewer ranks)
-    assert len(full) <= rep["steps"]["recomputed"] <= redone.step.nunique()
-    assert [a["steps"]["kept"] for a in rep["attempts"]] == [40, 40]
-    # recompute = those steps' time (median rank) plus at most the partial step in flight:
-    # up to the failure instant the survivors recorded (their collective raised: a loaded
-    # machine notices later), else one median step
-    # (the design's clock: a step starts at its lowest reporting rank's start and lasts the
-    # median rank's duration; the partial step runs from that end of the last step)
-    per_step = redone.groupby("step").duration_s.median()
-    step_s = first.duration_s.median()
-    partial = step_s
-    if len(failures[failures.attempt == 0]):
-        last = first[first.step == first.step.max()].sort_values("rank")
-        last_end = float(last.start_time.iloc[0]) + float(last.duration_s.median())
-        partial = max(step_s, float(failures[failures.attempt == 0].time.min()) - last_end)
-    assert per_step[full].sum() - 0.05 <= rep["buckets"]["recompute"] \
-        <= per_step.sum() + partial + 0.05
-    assert rep["buckets"]["restart"] > 0
 
 
 def test_prometheus_scrapes_the_goodput_of_a_live_run(tmp_path):

@@ -5,7 +5,8 @@ Why: the restart is where goodlens lost rows (SIGTERM to the surviving workers) 
 (nothing dated the failure or the restarted processes' start-up). Every rank of
 ``examples/train_ddp.py --truth-dir`` appends its own clock readings (script start, each
 step, the restore, the crash instant), flushed line by line; expected values come from
-those files, never from goodlens. Margins are relative to the job's clock, and absolute
+those files, never from goodlens (the resume point and the steps each attempt keeps by
+hand from the job's settings). Margins are relative to the job's clock, and absolute
 ones only where 4 ranks and a collector on 2 loaded cores make a few tens of milliseconds
 of scheduling noise.
 """
@@ -48,14 +49,15 @@ def steps_of(lines: list[dict]) -> dict[int, tuple[float, float]]:
 
 
 def run_job(tmp_path: Path, run_id: str, *extra: str, launcher: str = "torch.distributed.run",
-            env: dict[str, str] | None = None) -> tuple[Path, dict]:
+            env: dict[str, str] | None = None, steps: int = STEPS,
+            kill_at: int = KILL_AT) -> tuple[Path, dict]:
     c = Collector(tmp_path / f"{run_id}.duckdb").start()
     if env is not None and "GOODLENS_URL" in env:  # the launcher reads it
         env = {**env, "GOODLENS_URL": c.url}
     try:
-        torchrun(tmp_path, c.url, run_id, "--steps", str(STEPS), "--ckpt-every", str(CKPT),
+        torchrun(tmp_path, c.url, run_id, "--steps", str(steps), "--ckpt-every", str(CKPT),
                  "--compute-ms", str(COMPUTE_MS), "--kill-rank", str(KILL_RANK),
-                 "--kill-at", str(KILL_AT), "--truth-dir", str(tmp_path / "truth"), *extra,
+                 "--kill-at", str(kill_at), "--truth-dir", str(tmp_path / "truth"), *extra,
                  restarts=1, timeout=240, launcher=launcher, env=env)
         c.sync()
     finally:
@@ -80,6 +82,14 @@ def test_a_crash_under_plain_torchrun_matches_the_jobs_own_clock(tmp_path):
     crash = next(x for x in t[KILL_RANK, 0] if x["kind"] == "crash")
     restore = next(x for x in t[0, 1] if x["kind"] == "restore")
     resumed = restore["step"] + 1
+    # 0. by hand: saves after steps 19, 39, ..., 119 (every CKPT); the crash at step 130
+    # rolls back to the save of step 119, so attempt 1 resumes at 120, attempt 0 keeps
+    # steps 0-119 and attempt 1 steps 120-169
+    assert restore["step"] == 119 and resumed == 120
+    assert sorted(steps.attempt.unique()) == [0, 1]
+    assert steps[steps.attempt == 1].step.min() == 120
+    assert set(ev[ev.kind == "ckpt_restore_end"].step) == {119}
+    assert [a["steps"]["kept"] for a in rep["attempts"]] == [120, 50]
     # 1. no step row lost on the ranks that did not crash: every step they finished (their
     # own files) is stored, the last ones before torchrun's SIGTERM included
     for rank in range(4):
@@ -87,6 +97,14 @@ def test_a_crash_under_plain_torchrun_matches_the_jobs_own_clock(tmp_path):
         got = set(steps[(steps.attempt == 0) & (steps["rank"] == rank)].step)
         if rank != KILL_RANK:
             assert mine <= got, (rank, sorted(mine - got))
+    # rolled back: the steps from 120 on that every survivor reported before the crash are
+    # recomputed, and at most every step from 120 that attempt 0 stored (the killed rank
+    # leaves by os._exit: the rows it buffered since its last flush go with it)
+    redone = steps[(steps.attempt == 0) & (steps.step >= 120)]
+    full = redone[redone["rank"] != KILL_RANK].groupby("step")["rank"].nunique()
+    full = full[full == 3].index
+    assert len(full) > 0 and full.max() < KILL_AT, sorted(full)
+    assert len(full) <= rep["steps"]["recomputed"] <= redone.step.nunique()
     # 2. the failure instant: recorded by the survivors whose collective raised just after
     # the crash, before the restarted processes started. torchrun's SIGTERM to them (its
     # monitor wakes every 0.1 s) races that error: a survivor it reaches first records the
@@ -152,11 +170,12 @@ def test_a_crash_under_plain_torchrun_matches_the_jobs_own_clock(tmp_path):
 def test_the_launcher_and_the_dying_process_record_the_failure(tmp_path):
     """With ``python -m goodlens.exporter.launch`` (torchrun's arguments) and a crash by an
     unhandled exception: the dying process records its own failure (cause and rank) at the
-    instant it raised, and the elastic agent records the failed rank's exit."""
+    instant it raised, and the elastic agent records the failed rank's exit. Only failure
+    records are checked, so the job is short: the crash at step 30 of 60."""
     run_id = "launched"
     db, t = run_job(tmp_path, run_id, "--kill-how", "raise",
                     launcher="goodlens.exporter.launch",
-                    env={"GOODLENS_URL": "", "GOODLENS_RUN_ID": run_id})
+                    env={"GOODLENS_URL": "", "GOODLENS_RUN_ID": run_id}, steps=60, kill_at=30)
     _, ev = stored(db, run_id)
     crash = next(x for x in t[KILL_RANK, 0] if x["kind"] == "crash")
     failures = ev[(ev.kind == "failure") & (ev.attempt == 0)]
