@@ -189,8 +189,9 @@ def _last(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: np.ndarray,
                  rise: np.ndarray, opens: list) -> int:
     """The first row where the streaming path could do more than step the state: the suspect
-    set moves, a subject not flagged is over the threshold, a flagged one is back to 0, or an
-    open finding's estimate moved enough (or its action changed) to be reported."""
+    set moves, a subject not flagged is over the threshold, a flagged one is back to 0, an
+    open finding's estimate moved enough (or its action changed) to be reported, or its job
+    slowdown is due to be compared (once every ``update_every`` steps)."""
     cfg, u = det.config, det.units
     s, rows = cu[:, 0], len(cu)
     # per unit: one neither flagged nor suspect moves the set when hot (over the threshold
@@ -227,4 +228,5 @@ def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: n
         moved = np.abs(slow - o.slow) >= cfg.update_change * max(abs(o.slow), cfg.drift_k)
         due = det.updates + at + 1 - o.emitted_at >= cfg.update_every
         ev |= due & (moved | (evict != (o.action == "evict")))
+        ev |= det.updates + at + 1 - o.job_checked >= cfg.update_every  # its job slowdown
     return int(np.argmax(ev)) if ev.any() else rows

@@ -29,7 +29,7 @@ import numpy as np
 
 from goodlens.detectors.fastforward import fast_forward
 from goodlens.detectors.jobcost import RecentSteps
-from goodlens.detectors.matrix import StepMatrix, frame_matrix
+from goodlens.detectors.matrix import StepMatrix, frame_matrix, ready_column
 from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
 from goodlens.detectors.scoring import Block, Units, capped_scores, excluded, prepare
 from goodlens.detectors.topology import Layout, Topology
@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # the batch entry's frames only: detect_matrix runs without p
     import pandas as pd
 
 __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topology",
-           "detect_matrix", "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix"]
+           "detect_matrix", "detect_stragglers", "nvidia_rule", "nvidia_rule_matrix",
+           "ready_column"]
 
 _MEDIAN_SE = 1.2533   # the standard error of a median of m normal values is ~1.2533 s / sqrt(m)
 #: Steps prepared at once by :meth:`StragglerDetector.update_many`.
@@ -93,7 +94,9 @@ class StragglerConfig:
     update_every: int = 10
     """Fewest steps between two updates of one finding."""
     update_change: float = 0.1
-    """Relative change of the slowdown estimate that makes an update (or the action changing)."""
+    """Relative change of the slowdown estimate, or of the job slowdown, that makes an update
+    (or the action changing). The job slowdown is compared once every ``update_every`` steps:
+    a finding's last report is what it costs the job now, not when its slowdown last moved."""
     resume_steps: int = 50
     """After a restart, a subject flagged again within this many steps continues its finding;
     one not flagged again by then is resolved."""
@@ -198,6 +201,8 @@ class _Open:
     members: list[int] | None = None  # for a roll-up: the member units it stands for
     attempt: int | None = None        # the detector's attempt at its first report
     since: np.ndarray | None = None   # the totals at its onset (Units.since), this attempt
+    job: float | None = None          # its job slowdown as last reported
+    job_checked: int = 0              # update count when that was last compared
 
 
 class StragglerDetector:
@@ -455,6 +460,12 @@ class StragglerDetector:
             moved = abs(slow - o.slow) >= cfg.update_change * max(abs(o.slow), cfg.drift_k)
             if moved or action != o.action:
                 out.append(self._emit(i, step, attempt, "update"))
+            elif self.updates - o.job_checked >= cfg.update_every:
+                o.job_checked = self.updates
+                job = self._job(self._ranks(i)[2], o)
+                if job is not None and (o.job is None or abs(job - o.job) >= cfg.update_change
+                                        * max(abs(o.job), cfg.drift_k)):
+                    out.append(self._emit(i, step, attempt, "update"))
         return out
 
     def _emit(self, i: int, step: int, attempt: int | None, status: str,
@@ -473,6 +484,7 @@ class StragglerDetector:
         f = self._finding(i, step, attempt, o)
         f.status = status
         o.slow, o.action, o.emitted_at = f.slowdown, f.action, self.updates
+        o.job, o.job_checked = f.job_slowdown, self.updates
         if status == "resolved":
             del self._open[i]
             self._carry_wait.pop(i, None)
@@ -505,8 +517,7 @@ class StragglerDetector:
 
     def _finding(self, i: int, step: int, attempt: int | None, o: _Open) -> Finding:
         cfg, u, lay = self.config, self.units, self.layout
-        kind, idx = self._subject(i)
-        members = [idx] if kind == "rank" else [int(r) for r in lay.rank_units(kind, idx)]
+        kind, idx, members = self._ranks(i)
         m = o.members if o.members is not None else [i]
         slow, action = self._estimate(i, o)
         wait = self._wait(i, o) if o.carried_at is None else o.wait_before + \
@@ -516,12 +527,22 @@ class StragglerDetector:
         conf = float(np.clip(1.0 - 0.5 * cfg.threshold_h / max(score, 1e-9), 0.0, 1.0))
         host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
             None, None, "the rest of the job")
-        # (a finding from an earlier attempt: every step of this one, restored ones included)
-        job = self._recent.job_slowdown(members, o.first_step if o.attempt == self.attempt
-                                        else None)
         return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
                        max(wait, 0.0), per_hour, action, conf, attempt, "update", o.id, step,
-                       host, sw, rel, job)
+                       host, sw, rel, self._job(members, o))
+
+    def _ranks(self, i: int) -> tuple[str, int, list[int]]:
+        """Unit ``i``'s kind, index among its kind, and the ranks it covers."""
+        kind, idx = self._subject(i)
+        return kind, idx, [idx] if kind == "rank" else [
+            int(r) for r in self.layout.rank_units(kind, idx)]
+
+    def _job(self, ranks: list[int], o: _Open) -> float | None:
+        """What the subject covering ``ranks`` costs the job now, over the attempt's recent
+        steps since its onset (a finding from an earlier attempt: every step of this one,
+        restored ones included)."""
+        return self._recent.job_slowdown(ranks, o.first_step if o.attempt == self.attempt
+                                         else None)
 
     def active(self) -> list[Finding]:
         """The open findings with their current estimates (status ``update``), in order of
@@ -533,24 +554,6 @@ class StragglerDetector:
 
 def _ewma(old: float, new: float, alpha: float = 0.1) -> float:
     return new if math.isnan(old) else (1 - alpha) * old + alpha * new
-
-
-def ready_column(steps: pd.DataFrame) -> pd.Series:
-    """Each row's time to reach the collective: ``duration_s - collective_wait_s`` where the
-    collective wait was reported, else ``compute_s + data_wait_s`` (data wait 0 if absent),
-    else NaN (a ``ready_s`` column, when present, is taken as is)."""
-    import pandas as pd
-
-    if "ready_s" in steps:
-        return steps["ready_s"]
-    nan = pd.Series(np.nan, index=steps.index)
-    comp = steps["compute_s"].astype(float) if "compute_s" in steps else nan
-    data = steps["data_wait_s"].astype(float).fillna(0.0) if "data_wait_s" in steps else 0.0
-    out = comp + data
-    if "collective_wait_s" in steps and "duration_s" in steps:
-        coll = steps["duration_s"].astype(float) - steps["collective_wait_s"].astype(float)
-        out = coll.where(coll.notna(), out)
-    return out
 
 
 def detect_stragglers(steps: pd.DataFrame, config: StragglerConfig | None = None,
@@ -588,5 +591,3 @@ def detect_matrix(sm: StepMatrix, config: StragglerConfig | None = None,
         latest[f.id] = f
     return list(latest.values())
 
-
-__all__ += ["ready_column"]

@@ -496,6 +496,35 @@ def test_job_slowdown_is_the_excess_over_the_latest_of_the_other_ranks(with_step
     assert f.job_slowdown == pytest.approx(want, rel=1e-5)
 
 
+def test_a_findings_last_report_has_its_job_slowdown_now_not_when_its_slowdown_last_moved():
+    """5 ranks, rank 4 at 0.95 s from step 20, each step ending 0.05 s after its latest rank.
+    Steps 20-59: the others at 0.80, 0.82, 0.84 and 0.86 (rotating); from step 60 at 0.78,
+    0.82, 0.84 and 0.90: the five ranks' median is 0.84 in both, so rank 4's slowdown does not
+    move, but the job now waits for the 0.90 rank anyway. By hand: the job lost 0.09 s of a
+    0.91 s step (0.0989), and loses 0.05 s of 0.95 s from step 60 (0.0526). The finding's last
+    report (and its current state) must say 0.0526 once the last 64 steps are the new ones;
+    its slowdown alone never moved 10%, so before, its last report kept 0.0989 (a restarted
+    HF job's finding read 0.408 against the job clock's 0.498 this way: docs/testing.md).
+    The batch path reports the same."""
+    x = np.vstack([_rotate([0.80, 0.82, 0.84, 0.86, 0.83], range(20), 5),
+                   np.column_stack([_rotate([0.80, 0.82, 0.84, 0.86], range(20, 60), 4),
+                                    np.full(40, 0.95)]),
+                   np.column_stack([_rotate([0.78, 0.82, 0.84, 0.90], range(60, 160), 4),
+                                    np.full(100, 0.95)])])
+    times = (x.max(axis=1) + 0.05).tolist()
+    stream = StragglerDetector(None, 5)
+    one = [f for s, row in enumerate(x) for f in stream.update(s, row, step_time_s=times[s])]
+    many = StragglerDetector(None, 5).update_many(range(160), x, times)
+    assert [(f.status, f.last_step, f.job_slowdown) for f in many] == \
+        [(f.status, f.last_step, pytest.approx(f.job_slowdown, rel=1e-7)) for f in one]
+    assert {f.subject_id for f in one} == {4} and one[0].status == "new"
+    assert any(f.job_slowdown == pytest.approx(0.09 / 0.91, rel=1e-5) for f in one)
+    assert one[-1].job_slowdown == pytest.approx(0.05 / 0.95, rel=1e-5), one[-1]
+    assert stream.active()[0].job_slowdown == pytest.approx(0.05 / 0.95, rel=1e-5)
+    # the slowdown itself stayed put: every update after the first came from the job's
+    assert max(f.slowdown for f in one[1:]) - min(f.slowdown for f in one[1:]) < 0.1 * 0.13
+
+
 def test_a_hosts_job_slowdown_is_its_latest_rank_over_the_latest_outside_it():
     """4 hosts of 3 ranks; from step 20 the 9 ranks of hosts h0, h1 and h3 reach the
     collective at 0.80-0.86 s (9 values 7.5 ms apart, rotating), host h2's 3 ranks at 0.91,
