@@ -225,7 +225,7 @@ def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: n
         slow = (p[0] - sr) / np.maximum(p[1] - sc, 1.0)
         lasted = tot[1:, 1, i] - b[1]
         evict = (slow >= cfg.evict_floor(o.action)) & (lasted >= cfg.evict_min_steps)
-        moved = np.abs(slow - o.slow) >= cfg.update_change * max(abs(o.slow), cfg.drift_k)
+        moved = cfg.moved(slow, o.slow)
         due = det.updates + at + 1 - o.emitted_at >= cfg.update_every
         ev |= due & (moved | (evict != (o.action == "evict")))
         ev |= det.updates + at + 1 - o.job_checked >= cfg.update_every  # its job slowdown

@@ -23,7 +23,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -131,6 +131,11 @@ class StragglerConfig:
         """The estimate a finding whose action is ``action`` needs to be (or stay) ``evict``."""
         return self.evict_min_slowdown * ((1.0 - self.evict_hysteresis) if action == "evict"
                                           else 1.0)
+
+    def moved(self, new: Any, old: float) -> Any:
+        """Whether an estimate (a slowdown, a job slowdown; ``new`` a number or an array)
+        moved far enough from its last report ``old`` to be reported again."""
+        return abs(new - old) >= self.update_change * max(abs(old), self.drift_k)
 
 
 @dataclass
@@ -457,14 +462,12 @@ class StragglerDetector:
             if not on or self.updates - o.emitted_at < cfg.update_every:
                 continue
             slow, action = self._estimate(i, o)
-            moved = abs(slow - o.slow) >= cfg.update_change * max(abs(o.slow), cfg.drift_k)
-            if moved or action != o.action:
+            if cfg.moved(slow, o.slow) or action != o.action:
                 out.append(self._emit(i, step, attempt, "update"))
             elif self.updates - o.job_checked >= cfg.update_every:
                 o.job_checked = self.updates
                 job = self._job(self._ranks(i)[2], o)
-                if job is not None and (o.job is None or abs(job - o.job) >= cfg.update_change
-                                        * max(abs(o.job), cfg.drift_k)):
+                if job is not None and (o.job is None or cfg.moved(job, o.job)):
                     out.append(self._emit(i, step, attempt, "update"))
         return out
 
