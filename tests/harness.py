@@ -236,6 +236,31 @@ def wait_until(pred: Callable[[], Any], timeout: float = 30.0) -> bool:
     return False
 
 
+#: Sets a text box's whole content in one ``input`` event, as a paste does (React reads the
+#: value through the native setter, not the one it wraps).
+_SET_TEXT = """
+const box = arguments[0];
+Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, "value").set.call(box, arguments[1]);
+box.dispatchEvent(new Event("input", {bubbles: true}));
+"""
+
+
+def enter_text(br: Any, box: Any, text: str) -> None:
+    """Replace the content of the dashboard text box ``box`` (a WebElement of dash's
+    browser ``br``) with ``text`` in one input event, as a paste does, then press Enter.
+
+    Why not key by key: Dash 4.4's ``dcc.Input(debounce=True)`` puts the caret back, from a
+    ``setTimeout(0)`` set at each keystroke, where that keystroke left it. On a loaded
+    machine such a timer fired after later keys, and the rest went in at the old place: the
+    window picker read ``'201-01T00:07:0026-0'`` for ``'2026-01-01T00:07:00'`` (the caret
+    back at 2 after six keys) and ``'206-01-01T00:10:002'`` for ``'2026-01-01T00:10:00'``
+    (back at 2 after three), docs/testing.md. One input event leaves one such timer, and it
+    puts the caret at the end."""
+    br.driver.execute_script(_SET_TEXT, box, text)
+    assert box.get_attribute("value") == text, (box.get_attribute("value"), text)
+    box.send_keys("\n")
+
+
 H = 3600.0
 #: A small simulator configuration that exercises everything at once (frequent failures,
 #: planned interruptions, tiers, stragglers, spares, evictions, wide failures).

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.harness import ROOT, Collector, http, push_steps, wait_until
+from tests.harness import ROOT, Collector, enter_text, http, push_steps, wait_until
 
 pytestmark = pytest.mark.slow
 SAMPLES = ["sim-64", "demo"]
@@ -127,8 +127,7 @@ def test_whatif_control_updates_the_result(loaded: Collector, dash_br) -> None:
     box = dash_br.find_element("#whatif-interval")
     from goodlens.model.units import parse_duration
     current = parse_duration(box.get_attribute("value"))  # shown as a duration: 11m 04s
-    dash_br.clear_input(box)
-    box.send_keys(f"{current / 5:.0f}s\n")  # the planner says much shorter is better here
+    enter_text(dash_br, box, f"{current / 5:.0f}s")  # the planner says much shorter is better here
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = dash_br.driver.execute_script(
@@ -139,9 +138,7 @@ def test_whatif_control_updates_the_result(loaded: Collector, dash_br) -> None:
     delta = float(_attr(dash_br, "#whatif-summary"))
     assert delta > 0.5, "a 5x shorter interval on this run should gain goodput points"
     # a value the simulator refuses gets an explanation, not a stack trace
-    box = dash_br.find_element("#whatif-interval")
-    dash_br.clear_input(box)
-    box.send_keys("0\n")
+    enter_text(dash_br, dash_br.find_element("#whatif-interval"), "0")
     dash_br.wait_for_contains_text("#whatif-error", "at least 6s", timeout=30)
     _no_console_errors(dash_br)
 

@@ -13,7 +13,7 @@ import urllib.parse
 
 import pytest
 
-from tests.harness import Collector, http, wait_until
+from tests.harness import Collector, enter_text, http, wait_until
 
 pytestmark = pytest.mark.slow
 T0 = 2_000_000.0
@@ -72,9 +72,7 @@ def test_the_list_sorts_pages_and_filters_on_the_server_and_keeps_it_in_the_url(
     dash_br.driver.get(shared)
     assert wait_until(lambda: _rows(dash_br)[:1] == ["r04 28.6%"], 30), _rows(dash_br)
     # a text filter narrows the list on the server and starts again at page 1
-    box = dash_br.find_element("#runs-q")
-    box.send_keys("r1")
-    box.send_keys("\n")
+    enter_text(dash_br, dash_br.find_element("#runs-q"), "r1")
     assert wait_until(lambda: [r.split()[0] for r in _rows(dash_br)] ==
                       [f"r{i}" for i in range(19, 9, -1)], 30), _rows(dash_br)
     dash_br.wait_for_text_to_equal("#runs-count", "runs 1-10 of 10", timeout=10)

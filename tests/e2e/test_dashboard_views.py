@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.harness import ROOT, Collector, wait_until
+from tests.harness import ROOT, Collector, enter_text, wait_until
 
 pytestmark = pytest.mark.slow
 GOODLENS = str(Path(sys.executable).parent / "goodlens")
@@ -63,14 +63,11 @@ def _query(br) -> dict[str, str]:
 
 
 def _type_window(br, since: str, until: str) -> None:
-    """Type a window into the range picker: each box, then Enter, then wait until the page
-    took it (the URL says it) before the next box. Typed at once, the answer to the first
-    box's Enter re-rendered the second while it was being typed: on a loaded machine the
-    picker read '206-01-01T00:10:002' for '2026-01-01T00:10:00'."""
+    """Enter a window into the range picker: each box, then Enter (``enter_text``: in one
+    input event, not key by key), then wait until the page took it (the URL says it)."""
     for css, key, text in (("#win-since", "since", since), ("#win-until", "until", until)):
         box = br.find_element(css)
-        br.clear_input(box)
-        box.send_keys(text + "\n")
+        enter_text(br, box, text)
         assert wait_until(lambda k=key, t=text: _query(br).get(k) == t, timeout=60), \
             (key, text, _query(br), box.get_attribute("value"))
 
@@ -221,9 +218,7 @@ def test_a_copied_url_reproduces_the_view(loaded: Collector, dash_br) -> None:
     dash_br.server_url = loaded.url + "/runs/sim-64"
     dash_br.wait_for_element("#overview-exclude input[value='queue']", timeout=60)
     dash_br.find_element("#overview-exclude input[value='queue']").click()
-    box = dash_br.find_element("#win-since")
-    dash_br.clear_input(box)
-    box.send_keys("+30m\n")
+    enter_text(dash_br, dash_br.find_element("#win-since"), "+30m")
     rep = _report(loaded, "sim-64", "--since", "+30m", "--exclude", "queue")
     _assert_overview_is(dash_br, rep)
     assert wait_until(lambda: _query(dash_br) == {"exclude": "queue", "since": "+30m"})
@@ -248,9 +243,7 @@ def test_a_copied_url_reproduces_the_view(loaded: Collector, dash_br) -> None:
 
     # what-if: an interval typed as a duration
     _reopen(dash_br, loaded.url + "/runs/sim-64/whatif", "#whatif-summary")
-    box = dash_br.find_element("#whatif-interval")
-    dash_br.clear_input(box)
-    box.send_keys("3m\n")
+    enter_text(dash_br, dash_br.find_element("#whatif-interval"), "3m")
     assert wait_until(lambda: _query(dash_br).get("interval") == "3m", timeout=60)
     assert wait_until(lambda: float(_attr(dash_br, "#whatif-summary") or 0) != 0.0,
                       timeout=120)
