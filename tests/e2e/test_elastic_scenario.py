@@ -114,21 +114,29 @@ def test_a_lost_node_a_spare_and_an_evicted_straggler(tmp_path):
     assert sorted(ours["rank"].astype(int)) == sorted(finding["ranks"])
     assert set(finding["ranks"]) <= set(ranks_of(truth, 2, "node-b"))
     assert set(ours.host) == {"node-b"}
-    # 3. the story, in order
-    story = []
+    # 3. the story, in order. An evicted node's ranks step on until the world restarts
+    # without them, and the detector may update its finding from those steps: seen at
+    # 3 workers, an update at step 76 (slowdown 0.83, against 0.75 at step 65, the report
+    # the eviction acted on) 50 ms after the eviction and 50 ms before attempt 2 ended.
+    # True, and after the decision: not part of the story told here.
+    story, gone = [], set()
     for _, e in ev.iterrows():
         key = None
         if e.kind == "failure" and e.attempt == 0:
             key = "failure"
         elif e.kind == "rank_evicted":
             key = f"evicted:{e.host}:{e.cause}"
+            if e.cause == "straggler":
+                gone.add(e.host)
         elif e.kind == "rank_joined":
             key = f"joined:{e.host}"
         elif e.kind == "world_resized":
             key = f"resized:{int(e.world_size)}"
         elif e.kind == "straggler_flagged":
             f = json.loads(e.detail)
-            key = f"flagged:{f.get('host') or f['subject_id']}:{f['action']}"
+            subject = f.get("host") or f["subject_id"]
+            if subject not in gone:
+                key = f"flagged:{subject}:{f['action']}"
         elif e.kind == "attempt_end" and e.cause == "completed":
             key = "completed"
         if key and (not story or story[-1] != key):
