@@ -21,6 +21,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 GOODLENS = [sys.executable, "-m", "goodlens"]
+#: On a torchrun job's ``PYTHONPATH`` (:func:`job_env`): its processes exit without a last
+#: garbage collection (``tests/e2e/job_site/sitecustomize.py`` says why).
+JOB_SITE = ROOT / "tests" / "e2e" / "job_site"
 """How every test and benchmark starts the CLI: the installed package, as ``goodlens``."""
 
 
@@ -224,6 +227,15 @@ def push_steps(c: Collector, run: str, steps: list[int], attempt: int = 0,
         body = json.dumps(step_batch(run, rank, steps, attempt=attempt)).encode()
         assert http("POST", c.url + "/v1/ingest", body)[0] == 200
     c.sync()
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a torchrun job a test starts: this process's, with ``extra``, and
+    :data:`JOB_SITE` first on the ``PYTHONPATH``."""
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(JOB_SITE), env.get("PYTHONPATH"))
+                                        if p)
+    return env
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 30.0) -> bool:

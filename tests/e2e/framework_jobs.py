@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import GOODLENS, ROOT, Collector, kill_tree
+from tests.harness import GOODLENS, ROOT, Collector, job_env, kill_tree
 
 JOBS = ROOT / "examples" / "integrations"
 
@@ -88,9 +88,9 @@ def run_job(tmp_path: Path, script: str, run_id: str, *args: str, nproc: int = 4
            "--url", c.url, "--run-id", run_id, "--ckpt-dir", str(tmp_path / "ckpt"),
            "--truth-dir", str(truth_dir), *args]
     log_path = tmp_path / f"{run_id}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = job_env({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                   "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                   "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,

@@ -272,7 +272,7 @@ def test_async_checkpoints_under_torchrun_with_a_restart(tmp_path):
     restores step 29."""
     pytest.importorskip("torch")
     from goodlens.storage.store import Store
-    from tests.harness import Collector
+    from tests.harness import Collector, job_env
     c = Collector(tmp_path / "a.duckdb").start()
     ckpt = tmp_path / "ckpt"
     try:
@@ -281,7 +281,7 @@ def test_async_checkpoints_under_torchrun_with_a_restart(tmp_path):
               "--url", c.url, "--run-id", "async", "--ckpt-dir", str(ckpt), "--steps", "60",
               "--compute-ms", "10", "--ckpt-every", "10", "--async-ckpt",
               "--flush-interval", "0.05", "--kill-rank", "1", "--kill-at", "38"],
-             tmp_path / "torchrun.log", timeout=120, cwd=tmp_path)
+             tmp_path / "torchrun.log", timeout=120, cwd=tmp_path, env=job_env())
     finally:
         c.stop()
     store = Store(c.db, read_only=True)

@@ -10,7 +10,6 @@ checkpoint is ``tests/e2e/test_torch_restart.py``'s, against the job's own clock
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.framework_jobs import JobResult, read_truth, true_straggler_wait
-from tests.harness import GOODLENS, ROOT, Collector, Prometheus, http, kill_tree
+from tests.harness import GOODLENS, ROOT, Collector, Prometheus, http, job_env, kill_tree
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -37,8 +36,7 @@ def torchrun(tmp_path: Path, url: str, run_id: str, *args: str, restarts: int = 
            "--url", url, "--run-id", run_id, "--ckpt-dir", str(tmp_path / "ckpt"), *args]
     log = open(tmp_path / f"{run_id}.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                            env=None if env is None else {**os.environ, **env})
+                            start_new_session=True, env=job_env(env))
     log.close()
     if wait:
         try:
