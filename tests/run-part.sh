@@ -20,7 +20,7 @@ echo "== $name"
 ulimit -c unlimited 2>/dev/null
 rm -f core core.[0-9]*
 LIBC_FATAL_STDERR_=1 GOODLENS_TEST_STACKS=$stacks timeout -s USR1 -k 30 "$limit" \
-  "${PYTHON:-.venv/bin/python}" -m pytest -q -p no:cacheprovider --durations=15 "$@"
+  "${PYTHON:-.venv/bin/python}" -m pytest -q -p no:cacheprovider --durations=25 "$@"
 st=$?
 if [ "$st" -eq 124 ] || [ "$st" -eq 137 ]; then
   echo "== $name did not end in $limit s: stopped. Where each pytest process was:"
