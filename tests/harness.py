@@ -21,10 +21,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 GOODLENS = [sys.executable, "-m", "goodlens"]
+"""How every test and benchmark starts the CLI: the installed package, as ``goodlens``."""
 #: On a torchrun job's ``PYTHONPATH`` (:func:`job_env`): its processes exit without a last
 #: garbage collection (``tests/e2e/job_site/sitecustomize.py`` says why).
 JOB_SITE = ROOT / "tests" / "e2e" / "job_site"
-"""How every test and benchmark starts the CLI: the installed package, as ``goodlens``."""
 
 
 def free_port() -> int:
