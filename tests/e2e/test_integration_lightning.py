@@ -115,10 +115,12 @@ def test_the_slowed_ranks_time_to_the_collective_holds_the_planted_sleep(job):
 def test_a_stalled_data_loader_is_input_stall(job):
     # the shortest of the 4 ranks' 300 ms stalls, per stalled step (both before the
     # rollback point: kept). goodlens's data wait is the whole fetch, which also makes the
-    # batch (~0.25 ms) on each of the 160 kept steps: up to ~40 ms beyond the planted
-    # 600 ms, inside 10%
-    assert job.report["other_parts"]["input_stall"] == pytest.approx(true_stall(job),
-                                                                      rel=0.10)
+    # batch (~0.25 ms) on each of attempt 0's 100 kept steps: up to ~25 ms beyond the
+    # planted 600 ms, inside 10%. Attempt 0 only: the resumed attempt's first fetch is a
+    # wait every rank has too (its loader starting at the resumed step; seen: 90-105 ms on
+    # every rank at step 100, clean clone 26), before the fetch the job's clock times
+    a0 = job.report["attempts"][0]["other_parts"]["input_stall"]
+    assert a0 == pytest.approx(true_stall(job), rel=0.10)
 
 
 def test_checkpoint_stall_is_the_blocking_save(job):
