@@ -166,6 +166,18 @@ def test_zooming_the_goodput_graph_sets_the_window(loaded: Collector, dash_br) -
     _no_console_errors(dash_br)
 
 
+def _compare_state(br, waiting_for: str) -> dict:
+    """What the comparison page shows, for a failure's message."""
+    return {"waiting for": waiting_for, "query": _query(br),
+            "body": (_text(br, "#compare-body") or "")[:400],
+            "menu options": [o.text for o in br.driver.find_elements(By.CSS_SELECTOR,
+                                                                     "[role=option]")],
+            "picker": (br.driver.execute_script(
+                "var e=document.querySelector('#compare-pick');"
+                "return e ? e.parentElement.outerHTML : null;") or "")[:2500],
+            "console": br.get_logs()}
+
+
 def test_comparing_runs_and_attempts(loaded: Collector, dash_br) -> None:
     """Pick two attempts of sim-64 and the run demo-8x (real clicks in the picker): each
     column is that attempt's or run's breakdown as ``report`` gives it, each delta column
@@ -175,15 +187,22 @@ def test_comparing_runs_and_attempts(loaded: Collector, dash_br) -> None:
     demo = _report(loaded, "demo-8x")
     dash_br.server_url = loaded.url + "/compare"
     dash_br.wait_for_element("#compare-pick", timeout=60)
-    for label in ("sim-64, attempt 0", "sim-64, attempt 2", "demo-8x"):
+    picked: list[str] = []
+    for label, item in (("sim-64, attempt 0", "sim-64@0"), ("sim-64, attempt 2", "sim-64@2"),
+                        ("demo-8x", "demo-8x")):
         dash_br.find_element("#compare-pick").click()
         option = next(o for o in dash_br.driver.find_elements(By.CSS_SELECTOR,
                                                               "[role=option]")
                       if o.text == label)
         option.click()
         dash_br.driver.find_element(By.TAG_NAME, "body").send_keys("\ue00c")  # Escape
-    dash_br.wait_for_element("#compare-table", timeout=60)
-    assert wait_until(lambda: _attr(dash_br, "#cmp-2-wall") is not None, timeout=60)
+        picked.append(item)
+        # the page took the pick (the URL mirrors the picker) before the next one: once, in
+        # clean clone 32, the table never came and nothing said what the picker held
+        assert wait_until(lambda: _query(dash_br).get("runs") == ",".join(picked),
+                          timeout=60), _compare_state(dash_br, label)
+    assert wait_until(lambda: _attr(dash_br, "#cmp-2-wall") is not None,
+                      timeout=60), _compare_state(dash_br, "the table")
     expected = [attempts[0], attempts[2], demo]
     for i, rep in enumerate(expected):
         assert float(_attr(dash_br, f"#cmp-{i}-goodput")) == pytest.approx(rep["goodput"],
