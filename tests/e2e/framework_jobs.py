@@ -309,7 +309,7 @@ def cpu_starved_s(res: JobResult, rank: int, attempt: int, first: int, last: int
 
 
 def the_slowed_ranks_finding(res: JobResult, slow_rank: int,
-                             stall_steps: tuple[int, ...] = ()) -> dict:
+                             stall_steps: tuple[int, ...] = (), minor_s: float = 0.0) -> dict:
     """The finding about the slowed rank (its latest state: two, when a starved collector
     scored a restarted attempt's steps before the rest of the first and opened a second),
     after checking that every other finding was real. A finding about another rank is
@@ -319,7 +319,11 @@ def the_slowed_ranks_finding(res: JobResult, slow_rank: int,
     planted stall (a stall every rank has must never flag one). On a loaded machine a rank
     can really be slower for a while: with two busy loops beside an HSDP job, rank 2's own
     work took 35-53 ms against 29 ms for its first 8 steps, flagged, then resolved; in
-    another run rank 1's took 32.8 ms against 27 until the job ended, still open."""
+    another run rank 1's took 32.8 ms against 27 until the job ended, still open.
+
+    ``minor_s``: an open finding whose excess is under this many seconds a step passes
+    too, for a test whose claim is that no healthy rank is mistaken for the slowed one
+    (a finding of the slowed rank's size), not that a loaded machine slows no rank at all."""
     found = res.findings()
     mine = [f for f in found if f["ranks"] == [slow_rank]]
     others = [f for f in found if f["ranks"] != [slow_rank]]
@@ -331,6 +335,8 @@ def the_slowed_ranks_finding(res: JobResult, slow_rank: int,
         assert len(f["ranks"]) == 1, found  # a host or switch: no single rank to read
         first, last = f["first_step"], f["last_step"]
         excess = f["straggler_wait_s"] / max(1, last - first + 1)
+        if excess < minor_s:
+            continue
         starved = cpu_starved_s(res, f["ranks"][0], f["attempt"] or 0, first, last,
                                 exclude=slow_rank)
         assert starved >= 0.5 * excess, (

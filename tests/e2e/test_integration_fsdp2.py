@@ -147,10 +147,16 @@ def test_hsdp_times_the_replicate_all_reduce_too(hsdp_job):
     """Rank 2 never shares a shard group with rank 0: it waits for it only in the replicate
     all-reduce (and rank 3 waits for rank 1, which waits for rank 0, there too). Were that
     wait not timed, ranks 2 and 3 would look as slow as rank 0 and the job's median would
-    move with them; timed, rank 0 alone is found, with its cost."""
-    f = the_slowed_ranks_finding(hsdp_job, 0)  # any other: a transient, resolved
-    assert f["action"] == "evict"  # (its estimate is the 1-D job's claim: 70 steps
-    # after the onset, this short job's estimate is still converging)
+    move with them; timed, rank 0 is found with its cost, and no other rank with anything
+    near it.
+
+    Another rank's finding still open at the end passes when its excess is under a quarter
+    of rank 0's lateness on the job's clock: beside two busy loops (clean clone 34) rank 1
+    was flagged 5% slow (1.5 ms a step against rank 0's 12), its work after the step's
+    first collective taking 1-2.6 ms longer than the other ranks' while the job's clock
+    had it enter that collective with the median rank. On 2 cores shared by 4 ranks and
+    busy loops a healthy rank's own work really can run a few percent slow for a whole
+    job; an untimed all-reduce would have put rank 0's whole lateness on ranks 2 and 3."""
     steps = hsdp_job.steps
     ready = (steps.duration_s - steps.collective_wait_s)[steps.step >= 30]
     by_rank = ready.groupby(steps["rank"]).median()
@@ -159,8 +165,45 @@ def test_hsdp_times_the_replicate_all_reduce_too(hsdp_job):
     # a core on waking where the machine is loaded (12 ms slept, 17 ms late beside
     # another worker's tests); within 25% or 3 ms of scheduling noise
     at = {r: hsdp_job.own_ready(r) for r in range(4)}
+    late = {r: statistics.median(at[0][s] - at[r][s] for s in at[0] if s >= 30 and s in at[r])
+            for r in (1, 2, 3)}
+    try:
+        f = the_slowed_ranks_finding(hsdp_job, 0, minor_s=0.25 * min(late.values()))
+    except AssertionError:
+        print(hsdp_windows(hsdp_job, steps))
+        raise
+    assert f["action"] == "evict"  # (its estimate is the 1-D job's claim: 70 steps
+    # after the onset, this short job's estimate is still converging)
     for r in (1, 2, 3):
-        late = statistics.median(at[0][s] - at[r][s] for s in at[0] if s >= 30)
-        assert by_rank[0] - by_rank[r] == pytest.approx(late, rel=0.25, abs=0.003), \
+        assert by_rank[0] - by_rank[r] == pytest.approx(late[r], rel=0.25, abs=0.003), \
             (r, late, by_rank)
     buckets_sum_to_wall_clock(hsdp_job.report)
+
+
+def hsdp_windows(res, steps) -> str:
+    """Per rank and 10-step window, the medians of goodlens's ready time, the job clock's
+    time from step start to the first collective, and that instant less the median rank's,
+    with the rank's mean CPU wait a step (ms): what a failure prints."""
+    rows = ["window: rank ready / job's ready / vs median / CPU wait (ms)"]
+    at = {r: res.own_ready(r, 0) for r in range(4)}
+    own = {r: res.own_steps(r, 0) for r in range(4)}
+    lines = {r: {x["step"]: x.get("rq") for x in res.lines("step", r, 0)} for r in range(4)}
+    gl = steps[steps.attempt == 0].set_index(["rank", "step"])
+    for w in range(0, int(steps.step.max()) + 1, 10):
+        cells = []
+        for r in range(4):
+            ss = [s for s in range(w, w + 10) if s in at[r] and s in own[r]
+                  and (r, s) in gl.index and all(s in at[q] for q in range(4))]
+            if not ss:
+                continue
+            mine = gl.loc[[(r, s) for s in ss]]
+            rdy = statistics.median(mine.duration_s - mine.collective_wait_s) * 1e3
+            job = statistics.median(at[r][s] - own[r][s][0] for s in ss) * 1e3
+            vs = statistics.median(at[r][s] - statistics.median(at[q][s] for q in range(4))
+                                   for s in ss) * 1e3
+            rq = [lines[r][s] - lines[r][s - 1] for s in ss
+                  if lines[r].get(s) is not None and lines[r].get(s - 1) is not None]
+            cpu = statistics.fmean(rq) * 1e3 if rq else float("nan")
+            cells.append(f"r{r} {rdy:5.1f} / {job:5.1f} / {vs:+5.1f} / {cpu:4.1f}")
+        rows.append(f"{w:3d}: " + " | ".join(cells))
+    return "\n".join(rows)

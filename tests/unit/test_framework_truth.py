@@ -67,3 +67,11 @@ def test_a_resolved_finding_passes_and_one_begun_at_a_stall_never_does() -> None
     with pytest.raises(AssertionError):
         the_slowed_ranks_finding(with_findings(job(6.0), PLANTED, resolved), 0,
                                  stall_steps=(10,))
+
+
+def test_an_open_finding_under_the_minor_bound_passes_and_one_over_it_does_not() -> None:
+    # OTHER: 6 ms a step, rank 1's CPU wait no longer than the others'
+    res = with_findings(job(0.0), PLANTED, OTHER)
+    assert the_slowed_ranks_finding(res, 0, minor_s=0.0061)["id"] == PLANTED["id"]
+    with pytest.raises(AssertionError, match=r"6\.0 ms a step over steps 10-19"):
+        the_slowed_ranks_finding(res, 0, minor_s=0.0059)
