@@ -291,18 +291,23 @@ def true_saves(res: JobResult, attempt: int | None = None) -> float:
     return union_length([(x["t0"], x["t1"]) for x in res.lines("save", attempt=attempt)])
 
 
+def runqueue_per_step(res: JobResult, rank: int, attempt: int) -> dict[int, float]:
+    """``rank``'s run-queue wait in each step of ``attempt`` (the kernel's, from the ``rq``
+    of consecutive ``step`` lines): step -> seconds."""
+    lines = sorted(res.lines("step", rank, attempt), key=lambda x: x["step"])
+    return {b["step"]: b["rq"] - a["rq"] for a, b in itertools.pairwise(lines)
+            if "rq" in a and "rq" in b and b["step"] == a["step"] + 1}
+
+
 def cpu_starved_s(res: JobResult, rank: int, attempt: int, first: int, last: int,
                   exclude: int) -> float:
     """How much longer ``rank``'s main thread waited for a CPU than the other ranks' (not
     ``exclude``), per step of ``attempt`` from ``first`` to ``last``: the mean over those
     steps of its run-queue wait (the kernel's, from the ``rq`` of consecutive ``step``
     lines) less the median other rank's. NaN when no step has it."""
-    def per_step(r: int) -> dict[int, float]:
-        lines = sorted(res.lines("step", r, attempt), key=lambda x: x["step"])
-        return {b["step"]: b["rq"] - a["rq"] for a, b in itertools.pairwise(lines)
-                if "rq" in a and "rq" in b and b["step"] == a["step"] + 1}
-    mine = per_step(rank)
-    others = [per_step(r) for (r, a) in res.truth if a == attempt and r not in (rank, exclude)]
+    mine = runqueue_per_step(res, rank, attempt)
+    others = [runqueue_per_step(res, r, attempt) for (r, a) in res.truth
+              if a == attempt and r not in (rank, exclude)]
     d = [mine[s] - statistics.median(o[s] for o in others if s in o)
          for s in range(first, last + 1) if s in mine and any(s in o for o in others)]
     return statistics.fmean(d) if d else float("nan")

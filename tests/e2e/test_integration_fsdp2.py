@@ -31,6 +31,7 @@ from tests.e2e.framework_jobs import (
     buckets_sum_to_wall_clock,
     restart_and_startup_match_the_jobs_clock,
     run_job,
+    runqueue_per_step,
     the_slowed_ranks_finding,
     true_lateness,
     true_saves,
@@ -187,7 +188,7 @@ def hsdp_windows(res, steps) -> str:
     rows = ["window: rank ready / job's ready / vs median / CPU wait (ms)"]
     at = {r: res.own_ready(r, 0) for r in range(4)}
     own = {r: res.own_steps(r, 0) for r in range(4)}
-    lines = {r: {x["step"]: x.get("rq") for x in res.lines("step", r, 0)} for r in range(4)}
+    waits = {r: runqueue_per_step(res, r, 0) for r in range(4)}
     gl = steps[steps.attempt == 0].set_index(["rank", "step"])
     for w in range(0, int(steps.step.max()) + 1, 10):
         cells = []
@@ -201,8 +202,7 @@ def hsdp_windows(res, steps) -> str:
             job = statistics.median(at[r][s] - own[r][s][0] for s in ss) * 1e3
             vs = statistics.median(at[r][s] - statistics.median(at[q][s] for q in range(4))
                                    for s in ss) * 1e3
-            rq = [lines[r][s] - lines[r][s - 1] for s in ss
-                  if lines[r].get(s) is not None and lines[r].get(s - 1) is not None]
+            rq = [waits[r][s] for s in ss if s in waits[r]]
             cpu = statistics.fmean(rq) * 1e3 if rq else float("nan")
             cells.append(f"r{r} {rdy:5.1f} / {job:5.1f} / {vs:+5.1f} / {cpu:4.1f}")
         rows.append(f"{w:3d}: " + " | ".join(cells))
