@@ -9,7 +9,9 @@ dry-run), so the collector only states findings and never decides for a job.
 
 A finding is offered while it is open (not ``resolved``) with action ``evict``, for one
 node: a host finding, or a rank finding whose host is known (a switch is not one node).
-Each carries its stable ``id``, so a job decides once per finding however often it polls.
+Each carries its stable ``id``, so a job decides once per finding however often it polls,
+and its state as of the detector's last scored step (confidence and wait grow while the
+finding lasts; see ``DetectionService._refresh``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def evictions(detection: Any, run_id: str) -> list[dict[str, Any]]:
         out.append({"id": f.id, "subject_kind": f.subject_kind, "subject_id": f.subject_id,
                     "host": host, "ranks": [int(r) for r in f.ranks], "action": f.action,
                     "confidence": float(f.confidence), "slowdown": float(f.slowdown),
+                    "job_slowdown": None if f.job_slowdown is None else float(f.job_slowdown),
+                    "straggler_wait_s": float(f.straggler_wait_s),
                     "first_step": int(f.first_step), "detected_step": int(f.detected_step),
                     "last_step": int(f.last_step), "attempt": f.attempt,
                     "status": f.status})

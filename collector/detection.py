@@ -105,7 +105,9 @@ class DetectionService:
         self.webhook = webhook
         self.callback = callback
         self.findings: dict[str, dict[str, Finding]] = {}
-        """Per run, each finding's latest state by its id (read by /metrics)."""
+        """Per run, each finding's state by its id (read by ``/metrics`` and
+        ``/v1/actions``): an open one as of the detector's last scored step, refreshed at
+        every pass (see :meth:`_refresh`), not only when it is emitted."""
         self._seq: dict[tuple[str, str], int] = {}  # emissions so far per (run, finding id)
         self._onset: dict[tuple[str, str], float] = {}  # first report's time, same key
         self.hang_config = hang_config or HangConfig()
@@ -174,6 +176,7 @@ class DetectionService:
         now = time.time() if now is None else now
         deadline = None if budget_s is None else time.monotonic() + budget_s
         new: list[tuple[str, Any]] = []
+        visited: list[str] = []
         runs = self.store.runs()
         # what marks new data: an attempt, a later activity, or more steps (a run recorded as
         # hung whose ranks went on has its attempt's end, and so its last_time, fixed)
@@ -190,6 +193,7 @@ class DetectionService:
             if not len(summaries):
                 continue
             before = len(new)
+            visited.append(run_id)
             for attempt, s in summaries.groupby("attempt"):
                 new += [(run_id, f) for f in self._advance(
                     run_id, int(attempt), s, tags,
@@ -201,7 +205,31 @@ class DetectionService:
                 new += [(run_id, h) for h in self._check_hang(run_id, latest, now)]
         for run_id, f in new:
             self._publish(run_id, f)
+        self._refresh(visited)
         return new
+
+    def _refresh(self, run_ids: list[str]) -> None:
+        """Each open finding of these runs with its numbers now (confidence, wait,
+        slowdowns, ``last_step``: the detector's last scored step), kept in
+        :attr:`findings` without emitting anything. The detector emits an update only when
+        its estimate or action moves, while its confidence and the wait it has cost grow at
+        every slow step: the state at its last emission is stale (a finding confirmed at
+        confidence 0.6 kept serving 0.6, so a job asking for 0.7 refused it for the rest of
+        the run). Its ``action`` and ``status`` stay those of its last emission: a job acts
+        on an ``evict`` that is on record as an event, never on one the detector has not
+        reported yet (updates are at least ``update_every`` steps apart)."""
+        for run_id in run_ids:
+            det = self._detectors.get(run_id)
+            if det is None:
+                continue
+            live = det.active()
+            with self._lock:
+                mine = self.findings.get(run_id, {})
+                for f in live:
+                    old = mine.get(f.id)
+                    if old is not None and old.status != "resolved":
+                        mine[f.id] = dataclasses.replace(f, action=old.action,
+                                                         status=old.status)
 
     def _check_hang(self, run_id: str, attempt: int, now: float) -> list[HangFinding]:
         hd = self._hangs.get((run_id, attempt))

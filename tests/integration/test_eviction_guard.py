@@ -315,6 +315,69 @@ def test_the_collector_offers_a_confirmed_evict_after_a_failure_and_a_new_world(
         store.close()
 
 
+def test_the_collector_serves_a_findings_state_now_not_at_its_last_emission(fake, tmp_path):
+    """node-c takes 100 ms to reach the all-reduce from step 80, its siblings 50 ms: the job
+    waits 50 ms a step on it. The detector emits the finding when it crosses the threshold
+    (noise-free steps: its CUSUM climbs the most a step may add, 3 noise units, from step
+    80; past the threshold of 30 at step 90) and once more, at the next update allowed
+    (step 100), when it turns ``evict`` (CUSUM ~60: confidence 1 - 15 / 60 = 0.75); its
+    estimate (100% slower) never moves after, so nothing more is emitted, while its
+    evidence and its cost grow. ``/v1/actions`` must serve the state now: through step 100
+    the job has waited 21 x 0.05 = 1.05 s on it, through step 159 80 x 0.05 = 4.0 s, and
+    its CUSUM has long been at its cap (3 thresholds): confidence 1 - 0.5 / 3 = 5/6. A job
+    asking for 0.8 refuses it at step 100 and evicts it once it is offered again. (The
+    collector served the state of the ``evict`` emission for the rest of the run: a
+    refusal for confidence was final, the dry-run scenario's failure in CI.)"""
+    from goodlens.collector.actions import evictions
+    from goodlens.collector.detection import DetectionService
+    from goodlens.model.batch import validate_batch
+    from goodlens.storage.store import Store
+    from goodlens.storage.writer import Writer
+
+    store = Store(tmp_path / "s.duckdb")
+    writer = Writer(store).start()
+    svc = DetectionService(store, writer)
+    c, exp = client(fake, tmp_path, ["node-a", "node-b", "node-c"], min_nodes=2)
+    t0 = time.time() - 600
+    hosts = ["node-a", "node-a", "node-b", "node-b", "node-c", "node-c"]
+    served, verdicts = [], []
+    try:
+        writer.submit(validate_batch(_event("r", 0, "attempt_start", 0, t0,
+                                            world_size=6))).result(30)
+        for lo, hi in ((0, 101), (101, 160)):
+            writer.submit(validate_batch(_steps("r", 0, hosts, range(lo, hi), t0,
+                                                slow="node-c", slow_from=80))).result(30)
+            writer.sync()
+            svc.poll_once(now=t0 + 60)
+            served.append(evictions(svc, "r"))
+            fake.say(*served[-1])
+            verdicts.append(getattr(c.poll_once(), "verdict", None))
+        ev = store.events("r")
+    finally:
+        writer.stop()
+        store.close()
+    assert [[(f["host"], f["action"]) for f in s] for s in served] == [
+        [("node-c", "evict")], [("node-c", "evict")]]
+    then, now = served[0][0], served[1][0]
+    assert then["id"] == now["id"] and (then["last_step"], now["last_step"]) == (100, 159)
+    waits = [f["straggler_wait_s"] for f in (then, now)]
+    assert waits == [pytest.approx(1.05, abs=0.11), pytest.approx(4.0, abs=0.11)], waits
+    assert then["confidence"] == pytest.approx(0.75, abs=0.03)
+    assert now["confidence"] == pytest.approx(5 / 6, abs=1e-6)
+    assert verdicts == ["refused:confidence", "evict"], (then, now)
+    # what was stored is what the detector emitted, no more: a refresh is not an event
+    flagged = [json.loads(d) for d in ev[ev.kind == "straggler_flagged"].detail]
+    assert [(f["status"], f["action"], f["last_step"]) for f in flagged] == [
+        ("new", "watch", 90), ("update", "evict", 100)]
+    # its action and status are those on record: a job acts on a reported evict only
+    assert (now["action"], now["status"]) == (flagged[-1]["action"], flagged[-1]["status"])
+    # the default policy would act on it too (its minimum was once 0.9: never reached)
+    assert now["confidence"] >= EvictionPolicy().min_confidence
+    flushed(exp)
+    assert [h for h, _, _ in fake.evicted()] == ["node-c"] * 4
+    exp.close()
+
+
 def test_a_doubtful_finding_is_refused_once_and_evicted_once_its_confidence_grows(fake,
                                                                                    tmp_path):
     c, exp = client(fake, tmp_path, ["node-a", "node-b", "node-c"], min_nodes=1)
