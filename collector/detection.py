@@ -9,12 +9,13 @@ and acts on what they find, so a launcher can evict a slow node while the run go
   :class:`~goodlens.detectors.stragglers.StragglerDetector` per run (it resets at each new
   attempt; a rank still slow after a restart continues its finding, as in
   ``goodlens detect``);
-- each finding the detector emits (``new``, then ``update`` when its estimate or action
-  moves, then ``resolved``) is stored as a ``straggler_flagged`` event (through the single
-  writer; keyed by the finding's id and its emission number, so a restarted collector
-  replaying the same steps adds nothing), shown on ``/metrics`` while open (series only for
-  open findings: a bounded set), and pushed to an optional webhook (JSON POST, with its
-  ``status`` and stable ``id``: an update is not a new finding) and an optional Python
+- each finding the detector emits (``new``, then ``update`` when its estimate, action or
+  cost moves and once more when an attempt's data ends, then ``resolved``) is stored as a
+  ``straggler_flagged`` event (through the single writer; keyed by the finding's id and
+  its emission number, so a restarted collector replaying the same steps adds nothing),
+  shown on ``/metrics`` while open (series only for open findings: a bounded set; their
+  numbers as of the last scored step), and pushed to an optional webhook (JSON POST, with
+  its ``status`` and stable ``id``: an update is not a new finding) and an optional Python
   callback: only when its event was new to the store, so a restarted collector replaying
   history, or a second collector on the same Parquet dataset, does not push it again.
 
@@ -119,6 +120,7 @@ class DetectionService:
         self._hung: set[tuple[str, int]] = set()
         self._finished: dict[str, Any] = {}  # ended runs read to their end: at which activity
         self._sparse: set[str] = set()  # runs whose rank ids are too sparse to detect on
+        self._closed: set[tuple[str, int]] = set()  # ended attempts whose findings are final
         self._lock = threading.Lock()
         self._pass = threading.Lock()   # one pass at a time: the thread's or run_pass's
         self._stop = threading.Event()
@@ -211,10 +213,11 @@ class DetectionService:
     def _refresh(self, run_ids: list[str]) -> None:
         """Each open finding of these runs with its numbers now (confidence, wait,
         slowdowns, ``last_step``: the detector's last scored step), kept in
-        :attr:`findings` without emitting anything. The detector emits an update only when
-        its estimate or action moves, while its confidence and the wait it has cost grow at
-        every slow step: the state at its last emission is stale (a finding confirmed at
-        confidence 0.6 kept serving 0.6, so a job asking for 0.7 refused it for the rest of
+        :attr:`findings` without emitting anything. The detector emits an update when its
+        estimate, action or wait moves by 10% (every 10 steps at most), while its
+        confidence and wait grow at every slow step: the state at its last emission lags
+        (before the wait was compared, a finding confirmed at confidence 0.6 whose estimate
+        then stayed kept serving 0.6, so a job asking for 0.7 refused it for the rest of
         the run). Its ``action`` and ``status`` stay those of its last emission: a job acts
         on an ``evict`` that is on record as an event, never on one the detector has not
         reported yet (updates are at least ``update_every`` steps apart)."""
@@ -248,7 +251,7 @@ class DetectionService:
         last = self._state.get((run_id, attempt), -1)
         newest = int(summaries.step.max())
         if newest <= last:
-            return []
+            return self._close(run_id, attempt) if final else []
         rows = self.store.steps(run_id, attempt=attempt, step_min=last + 1, step_max=newest)
         hd = self._hangs.setdefault((run_id, attempt), HangDetector(self.hang_config))
         if len(rows):   # every step end is news to the hang watch, complete step or not
@@ -286,7 +289,18 @@ class DetectionService:
             vec[g["rank"].to_numpy()] = g.ready_s.to_numpy(dtype=float)
             found += det.update(int(step), vec, step_time_s=dur.get(step), attempt=attempt)
         self._state[(run_id, attempt)] = done_through
-        return found
+        return found + (self._close(run_id, attempt) if final else [])
+
+    def _close(self, run_id: str, attempt: int) -> list[Finding]:
+        """Once an attempt's data has ended (read to its end): each open finding's state at
+        its last step, emitted as an update where its last report was earlier
+        (:meth:`StragglerDetector.flush`), so the stored record of an ended attempt ends
+        with what the finding finally cost, as ``goodlens detect`` reports it."""
+        if (run_id, attempt) in self._closed:
+            return []
+        self._closed.add((run_id, attempt))
+        det = self._detectors.get(run_id)
+        return det.flush() if det is not None and det.attempt == attempt else []
 
     @staticmethod
     def _topology(rows: Any, n_ranks: int, tags: Any) -> Topology | None:

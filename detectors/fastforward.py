@@ -191,7 +191,7 @@ def _first_event(det: StragglerDetector, cu: np.ndarray, tot: np.ndarray, top: n
     """The first row where the streaming path could do more than step the state: the suspect
     set moves, a subject not flagged is over the threshold, a flagged one is back to 0, an
     open finding's estimate moved enough (or its action changed) to be reported, or its job
-    slowdown is due to be compared (once every ``update_every`` steps)."""
+    slowdown and wait are due to be compared (once every ``update_every`` steps)."""
     cfg, u = det.config, det.units
     s, rows = cu[:, 0], len(cu)
     # per unit: one neither flagged nor suspect moves the set when hot (over the threshold

@@ -13,8 +13,9 @@ move it. Per subject a one-sided CUSUM of the residual, in units of a robust noi
 evidence; one step's contribution is bounded and a finding needs several slow steps, so a
 GC pause or a data-loader hiccup never becomes a finding. A finding's slowdown is the mean
 excess since onset (it converges as the finding persists) and is re-estimated while it
-lasts: the detector emits ``new``, then ``update`` when the estimate or the action moves,
-then ``resolved``. Pure statistics: arrays or a frame in, :class:`Finding` dataclasses out.
+lasts: the detector emits ``new``, then ``update`` when the estimate, the action or the
+wait it has cost moves (and at :meth:`StragglerDetector.flush`), then ``resolved``. Pure
+statistics: arrays or a frame in, :class:`Finding` dataclasses out.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from goodlens.detectors.config import StragglerConfig
 from goodlens.detectors.fastforward import fast_forward
 from goodlens.detectors.jobcost import RecentSteps
 from goodlens.detectors.matrix import StepMatrix, frame_matrix, ready_column
@@ -44,98 +46,6 @@ __all__ = ["Finding", "RuleFlag", "StragglerConfig", "StragglerDetector", "Topol
 _MEDIAN_SE = 1.2533   # the standard error of a median of m normal values is ~1.2533 s / sqrt(m)
 #: Steps prepared at once by :meth:`StragglerDetector.update_many`.
 _BLOCK = 256
-
-
-@dataclass(frozen=True)
-class StragglerConfig:
-    """Tuning of :class:`StragglerDetector` (defaults suit 1-3% per-rank step-time noise)."""
-
-    drift_k: float = 0.01
-    """Excess ignored, as a relative slowdown: a subject under ~1% slower than its siblings
-    is not a straggler. The effective value is ``max(drift_k, drift_k_sigmas x scale)``."""
-    drift_k_sigmas: float = 0.4
-    """...and at least this many noise units, so the CUSUM drifts down under noise alone."""
-    threshold_h: float = 30.0
-    """CUSUM decision threshold, in noise units. With ``drift_k_sigmas`` 0.4 the in-control
-    run length is about that of 0.5 and 25 (both ~exp(2 k h)), and a 2% rank among ranks
-    with 3% noise is found ~30% sooner (``bench/detector_eval.py``)."""
-    step_cap: float = 3.0
-    """Most one step may add to (or take from) a CUSUM, in noise units: a single 2x step adds
-    3, not 70, so a transient spike of 1-3 steps stays far under the threshold."""
-    persist_steps: int = 8
-    """Steps over the reference value since the excursion began before it can be a finding."""
-    scale_floor: float = 0.005
-    """Floor of every noise scale (log units): sub-percent jitter in a quiet run is no finding."""
-    scale_alpha: float = 0.05
-    """EWMA weight of each step's cross-section spread in a level's noise scale."""
-    own_alpha: float = 0.02
-    """EWMA weight of a subject's own deviation in its own noise scale."""
-    own_min_steps: int = 20
-    """Steps of a subject's own history before its own scale counts."""
-    min_steps: int = 5
-    """Steps seen in an attempt before any flag."""
-    min_ranks: int = 3
-    """Fewest reporting ranks for a step to be scored at all."""
-    min_group: int = 3
-    """Fewest members for a host or switch to be scored against its siblings (with two, one
-    slow member and a slow parent look the same)."""
-    cusum_cap: float = 3.0
-    """A CUSUM is capped at this many thresholds, so a recovered subject clears in bounded time."""
-    suspect_fraction: float = 0.5
-    """A subject past this share of the threshold is suspect: its ranks leave the reference."""
-    evict_min_slowdown: float = 0.05
-    """Recommend ``evict`` at this estimated slowdown or more (else ``watch``)..."""
-    evict_min_steps: int = 20
-    """...once the finding has lasted this many steps."""
-    evict_hysteresis: float = 0.2
-    """A finding recommended for eviction goes back to ``watch`` only when its estimate falls
-    under ``(1 - evict_hysteresis) x evict_min_slowdown``: an estimate converging at the
-    threshold (a rank 5% slow) does not flap between ``evict`` and ``watch`` in updates."""
-    update_every: int = 10
-    """Fewest steps between two updates of one finding."""
-    update_change: float = 0.1
-    """Relative change of the slowdown estimate, or of the job slowdown, that makes an update
-    (or the action changing). The job slowdown is compared once every ``update_every`` steps:
-    a finding's last report is what it costs the job now, not when its slowdown last moved."""
-    resume_steps: int = 50
-    """After a restart, a subject flagged again within this many steps continues its finding;
-    one not flagged again by then is resolved."""
-
-    def __post_init__(self) -> None:
-        positive = ("threshold_h", "scale_floor", "cusum_cap", "step_cap", "scale_alpha",
-                    "own_alpha", "suspect_fraction", "update_change")
-        for name in positive:
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and np.isfinite(v) and v > 0):
-                raise ValueError(f"StragglerConfig.{name} must be > 0, got {v!r}")
-        for name in ("drift_k", "drift_k_sigmas", "evict_min_slowdown", "evict_hysteresis"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and np.isfinite(v) and v >= 0):
-                raise ValueError(f"StragglerConfig.{name} must be >= 0, got {v!r}")
-        for name in ("persist_steps", "own_min_steps", "min_steps", "evict_min_steps",
-                     "update_every", "resume_steps", "min_group", "min_ranks"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"StragglerConfig.{name} must be an int >= 0, got {v!r}")
-        for name in ("scale_alpha", "own_alpha", "suspect_fraction", "evict_hysteresis"):
-            if not getattr(self, name) <= 1:
-                raise ValueError(f"StragglerConfig.{name} must be <= 1")
-        if self.cusum_cap <= 1:
-            raise ValueError("StragglerConfig.cusum_cap must be > 1 (above the threshold)")
-        if self.min_ranks < 3:
-            raise ValueError("StragglerConfig.min_ranks must be >= 3 (a median needs peers)")
-        if self.min_group < 2:
-            raise ValueError("StragglerConfig.min_group must be >= 2")
-
-    def evict_floor(self, action: str) -> float:
-        """The estimate a finding whose action is ``action`` needs to be (or stay) ``evict``."""
-        return self.evict_min_slowdown * ((1.0 - self.evict_hysteresis) if action == "evict"
-                                          else 1.0)
-
-    def moved(self, new: Any, old: float) -> Any:
-        """Whether an estimate (a slowdown, a job slowdown; ``new`` a number or an array)
-        moved far enough from its last report ``old`` to be reported again."""
-        return abs(new - old) >= self.update_change * max(abs(old), self.drift_k)
 
 
 @dataclass
@@ -207,6 +117,7 @@ class _Open:
     attempt: int | None = None        # the detector's attempt at its first report
     since: np.ndarray | None = None   # the totals at its onset (Units.since), this attempt
     job: float | None = None          # its job slowdown as last reported
+    waited: float = 0.0               # the wait it had cost at its last report
     job_checked: int = 0              # update count when that was last compared
 
 
@@ -465,10 +376,24 @@ class StragglerDetector:
             if cfg.moved(slow, o.slow) or action != o.action:
                 out.append(self._emit(i, step, attempt, "update"))
             elif self.updates - o.job_checked >= cfg.update_every:
+                # compared only as often as the job slowdown (the fast path's cadence)
                 o.job_checked = self.updates
                 job = self._job(self._ranks(i)[2], o)
-                if job is not None and (o.job is None or cfg.moved(job, o.job)):
+                if (job is not None and (o.job is None or cfg.moved(job, o.job))) or \
+                        cfg.moved(self._wait(i, o), o.waited):
                     out.append(self._emit(i, step, attempt, "update"))
+        return out
+
+    def flush(self) -> list[Finding]:
+        """An ``update`` of every open finding not reported at the last step fed, in its
+        state there: what the end of an attempt's data emits, so that the last stored state
+        of each finding is its final one (its wait, confidence and slowdown), as a batch
+        pass over the same steps reports it. A finding carried over a restart and not seen
+        again has nothing new to say."""
+        out = []
+        for i, o in list(self._open.items()):
+            if o.carried_at is None and o.emitted_at != self.updates:
+                out.append(self._emit(i, self._last_step, self.attempt, "update"))
         return out
 
     def _emit(self, i: int, step: int, attempt: int | None, status: str,
@@ -487,6 +412,7 @@ class StragglerDetector:
         f = self._finding(i, step, attempt, o)
         f.status = status
         o.slow, o.action, o.emitted_at = f.slowdown, f.action, self.updates
+        o.waited = f.straggler_wait_s
         o.job, o.job_checked = f.job_slowdown, self.updates
         if status == "resolved":
             del self._open[i]

@@ -64,6 +64,15 @@ def test_the_service_flags_the_demo_straggler_once_and_stores_it(tmp_path):
             "run": "demo-8x", "kind": "rank", "subject": "5"})
         assert waited == pytest.approx(truth["buckets"]["straggler_wait"], rel=0.05)
         assert svc.flagged()["demo-8x"][0].last_step == 599
+        # ...and the stored record of the ended run ends there too: what the dashboard's
+        # ranks page and the what-if read, the same final state a batch pass reports
+        from goodlens.analysis.findings import detect_run, stored_findings
+        last = stored_findings(store, "demo-8x")
+        batch = detect_run(store, "demo-8x")
+        assert [(f["id"], f["last_step"]) for f in last] == [(fs[0].id, 599)]
+        assert last[0]["straggler_wait_s"] == pytest.approx(waited, rel=1e-9)
+        assert [(f.id, f.last_step) for f in batch] == [(fs[0].id, 599)]
+        assert batch[0].straggler_wait_s == pytest.approx(waited, rel=1e-9)
         # a second service (a restarted collector) finds it again but stores nothing new,
         # and pushes nothing (its callback and webhook stay quiet)
         again = []

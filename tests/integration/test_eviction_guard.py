@@ -321,13 +321,15 @@ def test_the_collector_serves_a_findings_state_now_not_at_its_last_emission(fake
     (noise-free steps: its CUSUM climbs the most a step may add, 3 noise units, from step
     80; past the threshold of 30 at step 90) and once more, at the next update allowed
     (step 100), when it turns ``evict`` (CUSUM ~60: confidence 1 - 15 / 60 = 0.75); its
-    estimate (100% slower) never moves after, so nothing more is emitted, while its
-    evidence and its cost grow. ``/v1/actions`` must serve the state now: through step 100
-    the job has waited 21 x 0.05 = 1.05 s on it, through step 159 80 x 0.05 = 4.0 s, and
-    its CUSUM has long been at its cap (3 thresholds): confidence 1 - 0.5 / 3 = 5/6. A job
-    asking for 0.8 refuses it at step 100 and evicts it once it is offered again. (The
-    collector served the state of the ``evict`` emission for the rest of the run: a
-    refusal for confidence was final, the dry-run scenario's failure in CI.)"""
+    estimate (100% slower) never moves after, but the wait it has cost does: (s - 79) x
+    0.05 s through step s, 10% more or over in each 10 steps up to 5 s, so it is reported
+    again at steps 110-150 and not yet at 159. ``/v1/actions`` must serve the state now:
+    through step 100 the job has waited 21 x 0.05 = 1.05 s on it, through step 159
+    80 x 0.05 = 4.0 s (the last report: 3.55 s), and its CUSUM has been at its cap
+    (3 thresholds) since step 110: confidence 1 - 0.5 / 3 = 5/6. A job asking for 0.8
+    refuses it at step 100 and evicts it once it is offered again. (The collector served
+    the state of the ``evict`` emission, and emitted nothing more while the estimate
+    stayed: a refusal for confidence was final, the dry-run scenario's failure in CI.)"""
     from goodlens.collector.actions import evictions
     from goodlens.collector.detection import DetectionService
     from goodlens.model.batch import validate_batch
@@ -368,7 +370,9 @@ def test_the_collector_serves_a_findings_state_now_not_at_its_last_emission(fake
     # what was stored is what the detector emitted, no more: a refresh is not an event
     flagged = [json.loads(d) for d in ev[ev.kind == "straggler_flagged"].detail]
     assert [(f["status"], f["action"], f["last_step"]) for f in flagged] == [
-        ("new", "watch", 90), ("update", "evict", 100)]
+        ("new", "watch", 90), ("update", "evict", 100),
+        *[("update", "evict", s) for s in (110, 120, 130, 140, 150)]]
+    assert flagged[-1]["straggler_wait_s"] == pytest.approx(3.55, abs=0.11)
     # its action and status are those on record: a job acts on a reported evict only
     assert (now["action"], now["status"]) == (flagged[-1]["action"], flagged[-1]["status"])
     # the default policy would act on it too (its minimum was once 0.9: never reached)

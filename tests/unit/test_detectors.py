@@ -5,6 +5,7 @@ catches; the hang detector's adaptive timeout fires after, never before."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -220,6 +221,31 @@ def test_a_restart_resolves_a_finding_not_seen_again():
     out = [f for s, row in enumerate(a1[:60]) for f in det.update(300 + s, row, attempt=1)]
     (res,) = [f for f in out if f.status == "resolved"]
     assert res.subject_id == 7 and res.attempt == 1 and det.active() == []
+
+
+def test_its_cost_is_reported_as_it_grows_and_flush_ends_the_record_at_the_last_step():
+    """Rank 3 of 8 takes 1.5 s to reach the collective from step 50, the others 1.0 s, no
+    noise: it costs the job 0.5 s a step, (s - 49) x 0.5 s through step s. Its estimate
+    (50% slower) settles at once, so only its cost moves: it is reported again whenever
+    the wait has grown 10% since its last report (checked every 10 steps), and ``flush``
+    (the end of an attempt's data) reports its state at the last step fed: 150 x 0.5 =
+    75 s through step 199. Nothing is left to flush after that."""
+    x = np.ones((200, 8))
+    x[50:, 3] = 1.5
+    det = StragglerDetector(None, 8)
+    out = [f for s, row in enumerate(x) for f in det.update(s, row)]
+    assert {f.subject_id for f in out} == {3} and out[0].status == "new"
+    reports = [(f.last_step, f.straggler_wait_s) for f in out]
+    for (s0, w0), (s1, w1) in itertools.pairwise(reports):
+        assert s1 - s0 >= 10 and w1 >= 1.1 * w0 - 1e-9, reports
+    # the last report lags the cost by under 10% of it plus one check's 10 steps (5 s)
+    s_last, w_last = reports[-1]
+    assert w_last == pytest.approx((s_last - 49) * 0.5, rel=0.02)
+    assert 1.1 * w_last + 5.0 + 1e-9 >= (199 - 49) * 0.5, reports
+    (final,) = det.flush()
+    assert (final.status, final.last_step) == ("update", 199)
+    assert final.straggler_wait_s == pytest.approx(75.0, rel=0.02)
+    assert det.flush() == []
 
 
 def test_config_validation():
