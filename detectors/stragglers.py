@@ -117,8 +117,8 @@ class _Open:
     attempt: int | None = None        # the detector's attempt at its first report
     since: np.ndarray | None = None   # the totals at its onset (Units.since), this attempt
     job: float | None = None          # its job slowdown as last reported
-    waited: float = 0.0               # the wait it had cost at its last report
     job_checked: int = 0              # update count when that was last compared
+    waited: float = 0.0               # the wait it had cost at its last report
 
 
 class StragglerDetector:
