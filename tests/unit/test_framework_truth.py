@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.e2e.framework_jobs import JobResult, cpu_starved_s, the_slowed_ranks_finding
+from tests.jobclock import JobResult, cpu_starved_s, the_slowed_ranks_finding
 
 
 def job(extra_rq_ms: float) -> JobResult:
