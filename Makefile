@@ -58,26 +58,17 @@ reset:
 	fi
 	rm -rf $(patsubst parquet:%,%,$(DB)) $(patsubst parquet:%,%,$(DB)).wal
 
-# pytest-xdist workers for the light tests (every module but tests/conftest.py's HEAVY
-# ones: the torchrun jobs timed against their own clock). Those then run alone: beside
-# the other worker's tests a framework job's job_slowdown read 22% under its truth (issue
-# #29, docs/testing.md). Both runs always happen; `make test` fails if either did.
-# Each run is capped at PART_LIMIT seconds by tests/run-part.sh, which prints where every
-# pytest process was if one hangs.
-WORKERS ?= 2
-PART_LIMIT ?= 1500
-PART := PYTHON=$(BIN)/python PART_LIMIT=$(PART_LIMIT) bash tests/run-part.sh
-
+# The whole suite in one pytest run on two pytest-xdist workers, each module on one worker
+# (`--dist loadfile`, pyproject.toml); every test has its own timeout (pytest-timeout), so a
+# hang fails that test and the run goes on.
 test: $(VENV)/.stamp-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	@rc=0; \
-	$(PART) "light tests, $(WORKERS) workers" -n $(WORKERS) -m "not heavy" || rc=1; \
-	$(PART) "heavy tests, one process" -m heavy || rc=1; \
-	exit $$rc
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --durations=25
 
+# The unit tier has no module-scoped fixtures: its tests are spread one by one (--dist load).
 test-unit: $(VENV)/.stamp-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist load tests/unit
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .
