@@ -1,6 +1,7 @@
 """The one harness of the tests and the benchmarks: real goodlens processes on free loopback
-ports, HTTP without extra dependencies, wire batches, waiting without sleeps, a real
-Prometheus. No pytest here (``bench/`` imports it too); fixtures are in ``conftest.py``.
+ports (and the collector's app in this process, :class:`AppCollector`), HTTP without extra
+dependencies, wire batches, waiting without sleeps, a real Prometheus. No pytest here
+(``bench/`` imports it too); fixtures are in ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ class Collector(ServerProcess):
     def start(self, timeout: float = 30.0) -> Collector:
         return super().start(timeout)
 
+    def http(self, method: str, path: str, body: bytes | None = None,
+             headers: dict | None = None, timeout: float = 30) -> tuple[int, dict | str]:
+        """:func:`http` of ``self.url + path`` (as :meth:`AppCollector.http`)."""
+        return http(method, self.url + path, body, headers, timeout)
+
     def sync(self, timeout: float = 600.0, detect: bool = False) -> float:
         """POST /v1/sync (everything queued is committed and summarised; with ``detect``,
         then a detection pass over it, its findings stored); seconds taken."""
@@ -143,6 +149,78 @@ class Collector(ServerProcess):
             with contextlib.suppress(FileNotFoundError):
                 total += p.stat().st_size
         return total
+
+
+class AppCollector:
+    """The collector of ``goodlens serve`` in this process, without a port: the store, report
+    keeper, writer, detection service and ASGI app that
+    :func:`goodlens.collector.server.serve` builds from a
+    :class:`~goodlens.collector.server.ServerConfig` (``config``: its fields, e.g.
+    ``token``, ``max_body_bytes``, ``detect``), driven through Starlette's ``TestClient``.
+    For what the app answers; what needs a socket or a process (the CLI's ``--url``, an
+    exporter's transport, signals, slow connections) stays with :class:`Collector`."""
+
+    url = "http://127.0.0.1"
+    """The client's base URL: a loopback Host, which a token-less collector answers."""
+
+    def __init__(self, db: Path | str, **config: Any) -> None:
+        from starlette.testclient import TestClient
+
+        from goodlens.collector.reports import KeeperConfig, ReportKeeper
+        from goodlens.collector.server import ServerConfig, create_app
+        from goodlens.storage.parquet import open_store
+        from goodlens.storage.writer import Writer
+
+        self.db = db
+        self.config = cfg = ServerConfig(db=str(db), **config)
+        self.store = open_store(cfg.db, memory_limit=cfg.memory_limit, init=cfg.init)
+        keeper = ReportKeeper(self.store, KeeperConfig(retention_s=cfg.metrics_retention_s,
+                                                       hang_floor_s=cfg.hang_floor_s))
+        self.writer = Writer(self.store, max_queue_rows=cfg.max_queue_rows,
+                             summarize_interval_s=cfg.summarize_interval_s,
+                             after_pass=keeper.after_pass).start()
+        self.detection = None
+        if cfg.detect:
+            from goodlens.collector.detection import DetectionService
+            from goodlens.detectors.hangs import HangConfig
+            self.detection = DetectionService(
+                self.store, self.writer, config=cfg.straggler, webhook=cfg.webhook,
+                hang_config=HangConfig(min_timeout_s=cfg.hang_floor_s)).start()
+        app = create_app(self.store, self.writer, cfg, self.detection, None, keeper)
+        self.client = TestClient(app, base_url=self.url)
+        self.client.__enter__()  # one event loop for every request, as a server has
+
+    def http(self, method: str, path: str, body: bytes | None = None,
+             headers: dict | None = None) -> tuple[int, dict | str]:
+        """What :func:`http` returns for ``url + path``: (status, parsed JSON or text)."""
+        headers = dict(headers or {})
+        if body is not None and not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "application/json"
+        r = self.client.request(method, path, content=body, headers=headers)
+        try:
+            return r.status_code, json.loads(r.content)
+        except ValueError:
+            return r.status_code, r.content.decode("utf-8", "replace")
+
+    def sync(self, timeout: float = 600.0, detect: bool = False) -> float:
+        """POST /v1/sync, as :meth:`Collector.sync` (``timeout``: unused, the call runs in
+        this process); seconds taken."""
+        t = time.perf_counter()
+        status, body = self.http("POST", "/v1/sync" + ("?detect=1" if detect else ""), b"")
+        if status != 200:
+            raise RuntimeError(f"/v1/sync answered {status}: {body!r:.300}")
+        return time.perf_counter() - t
+
+    def stop(self) -> None:
+        """What ``serve`` does on SIGTERM once the server stopped: the detection service
+        stops, the writer drains its queue and summarises, the store is closed."""
+        self.client.__exit__(None, None, None)
+        try:
+            if self.detection is not None:
+                self.detection.stop()
+            self.writer.stop()
+        finally:
+            self.store.close()
 
 
 class Relay(ServerProcess):

@@ -1,31 +1,34 @@
-"""The collector service over real HTTP on loopback: acknowledgement, refusals, tokens."""
+"""The collector service: acknowledgement, refusals, tokens (its ASGI app in this process,
+:class:`~tests.harness.AppCollector`), and a real ``goodlens serve`` process's start and
+stop: the loopback-only bind, SIGTERM's clean exit with everything stored."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
+from goodlens.cli.common import ByteSize
 from goodlens.storage.store import Store
-from tests.harness import Collector, http, step_batch
+from tests.harness import AppCollector, Collector, step_batch
 
 
-def push(c: Collector, doc, headers=None):
+def push(c: AppCollector | Collector, doc, headers=None):
     body = doc if isinstance(doc, bytes) else orjson.dumps(doc)
-    return http("POST", c.url + "/v1/ingest", body, headers)
+    return c.http("POST", "/v1/ingest", body, headers)
 
 
-def stored_steps(c: Collector) -> int:
-    status, body = http("GET", c.url + "/v1/runs")
+def stored_steps(c: AppCollector) -> int:
+    status, body = c.http("GET", "/v1/runs")
     assert status == 200
     return sum(r["steps"] for r in body["runs"])
 
 
-def test_good_batch_is_acknowledged_with_counts(collector):
-    status, body = push(collector, step_batch("r1", 0, [0, 1, 2]))
+def test_good_batch_is_acknowledged_with_counts(app_collector):
+    status, body = push(app_collector, step_batch("r1", 0, [0, 1, 2]))
     assert status == 200
     assert body == {"ok": True, "steps_inserted": 3, "steps_duplicate": 0,
                     "events_inserted": 0, "events_duplicate": 0}
-    status, body = push(collector, step_batch("r1", 0, [0, 1, 2]))
+    status, body = push(app_collector, step_batch("r1", 0, [0, 1, 2]))
     assert body["steps_inserted"] == 0 and body["steps_duplicate"] == 3
 
 
@@ -39,25 +42,28 @@ def test_good_batch_is_acknowledged_with_counts(collector):
                                                           "duration_s": "slow"}}), 422,
      "steps.duration_s"),
 ])
-def test_malformed_pushes_get_4xx_with_reason_and_change_nothing(collector, body, status, field):
-    assert push(collector, step_batch("r1", 0, [0, 1]))[0] == 200
-    got, reply = push(collector, body)
+def test_malformed_pushes_get_4xx_with_reason_and_change_nothing(app_collector, body, status,
+                                                                field):
+    assert push(app_collector, step_batch("r1", 0, [0, 1]))[0] == 200
+    got, reply = push(app_collector, body)
     assert got == status
     assert reply["field"] == field and reply["error"]
     # the stream goes on: a good batch after the bad one is stored
-    assert push(collector, step_batch("r1", 0, [2, 3]))[0] == 200
-    collector.sync()
-    assert stored_steps(collector) == 4
+    assert push(app_collector, step_batch("r1", 0, [2, 3]))[0] == 200
+    app_collector.sync()
+    assert stored_steps(app_collector) == 4
 
 
-def test_wrong_content_type_is_415(collector):
-    status, reply = push(collector, orjson.dumps(step_batch("r", 0, [1])),
-                         {"Content-Type": "text/plain"})
+def test_wrong_content_type_is_415(app_collector):
+    status, reply = push(app_collector, orjson.dumps(step_batch("r", 0, [1])),
+                             {"Content-Type": "text/plain"})
     assert status == 415 and reply["field"] == "content-type"
 
 
 def test_oversized_push_is_413_and_changes_nothing(tmp_path):
-    c = Collector(tmp_path / "small.duckdb", "--max-body", "2KiB").start()
+    # --max-body 2KiB, as `goodlens serve` reads it
+    c = AppCollector(tmp_path / "small.duckdb", max_body_bytes=ByteSize().convert("2KiB", None,
+                                                                                  None))
     try:
         big = step_batch("r", 0, list(range(200)))
         status, reply = push(c, big)
@@ -70,7 +76,7 @@ def test_oversized_push_is_413_and_changes_nothing(tmp_path):
 
 
 def test_token_is_required_and_checked(tmp_path):
-    c = Collector(tmp_path / "tok.duckdb", "--token", "s3cret").start()
+    c = AppCollector(tmp_path / "tok.duckdb", token="s3cret")
     try:
         doc = step_batch("r", 0, [1])
         status, reply = push(c, doc)
@@ -78,11 +84,11 @@ def test_token_is_required_and_checked(tmp_path):
         status, reply = push(c, doc, {"Authorization": "Bearer nope",
                                       "Content-Type": "application/json"})
         assert status == 403 and reply["error"] == "wrong token"
-        assert http("GET", c.url + "/v1/runs")[0] == 401
+        assert c.http("GET", "/v1/runs")[0] == 401
         ok = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
         assert push(c, doc, ok)[0] == 200
-        assert http("GET", c.url + "/v1/runs", headers=ok)[1]["runs"][0]["run_id"] == "r"
-        assert http("GET", c.url + "/healthz")[0] == 200  # health stays open
+        assert c.http("GET", "/v1/runs", headers=ok)[1]["runs"][0]["run_id"] == "r"
+        assert c.http("GET", "/healthz")[0] == 200  # health stays open
     finally:
         c.stop()
 
@@ -97,12 +103,12 @@ def test_binding_beyond_loopback_without_token_is_refused(tmp_path):
     assert "--token" in out.stderr
 
 
-def test_run_endpoint_and_unknown_run(collector):
-    push(collector, step_batch("r9", 0, [0, 1]))
-    collector.sync()
-    status, body = http("GET", collector.url + "/v1/runs/r9")
+def test_run_endpoint_and_unknown_run(app_collector):
+    push(app_collector, step_batch("r9", 0, [0, 1]))
+    app_collector.sync()
+    status, body = app_collector.http("GET", "/v1/runs/r9")
     assert status == 200 and body["run"]["steps"] == 2 and body["attempts"][0]["attempt"] == 0
-    status, body = http("GET", collector.url + "/v1/runs/nope")
+    status, body = app_collector.http("GET", "/v1/runs/nope")
     assert status == 404 and "/v1/runs" in body["error"]
 
 
@@ -122,17 +128,17 @@ def test_graceful_stop_keeps_everything_and_file_reopens(tmp_path):
         s.close()
 
 
-def test_arrow_pushes_are_stored_like_json_ones(collector):
+def test_arrow_pushes_are_stored_like_json_ones(app_collector):
     from goodlens.model.wire import ARROW as CONTENT_TYPE
     from goodlens.model.wire import encode_arrow_batch
     body = encode_arrow_batch(step_batch("a", 0, [0, 1, 2]))
-    status, reply = push(collector, body, {"Content-Type": CONTENT_TYPE})
+    status, reply = push(app_collector, body, {"Content-Type": CONTENT_TYPE})
     assert status == 200 and reply["steps_inserted"] == 3
-    status, reply = push(collector, b"garbage", {"Content-Type": CONTENT_TYPE})
+    status, reply = push(app_collector, b"garbage", {"Content-Type": CONTENT_TYPE})
     assert status == 400 and "Arrow IPC" in reply["error"]
-    assert push(collector, step_batch("a", 1, [0, 1, 2]))[0] == 200  # JSON beside it
-    collector.sync()
-    assert stored_steps(collector) == 3  # 3 steps, each with 2 ranks
+    assert push(app_collector, step_batch("a", 1, [0, 1, 2]))[0] == 200  # JSON beside it
+    app_collector.sync()
+    assert stored_steps(app_collector) == 3  # 3 steps, each with 2 ranks
 
 
 def test_a_stopped_collector_exits_cleanly(tmp_path):

@@ -1,4 +1,5 @@
-"""/metrics: exposition parsed by prometheus_client, and a real Prometheus scraping us."""
+"""/metrics: exposition parsed by prometheus_client (the registry, and the collector's app
+in this process), and a real Prometheus scraping a real collector."""
 
 from __future__ import annotations
 
@@ -42,12 +43,12 @@ def test_registry_values_from_a_store(tmp_path):
         store.close()
 
 
-def test_metrics_endpoint_parses_and_has_no_per_rank_series(collector):
+def test_metrics_endpoint_parses_and_has_no_per_rank_series(app_collector):
     for r in range(32):
-        http("POST", collector.url + "/v1/ingest", orjson.dumps(step_batch("p", r, [0, 1])))
-    http("POST", collector.url + "/v1/ingest", b"garbage")
-    collector.sync()
-    status, text = http("GET", collector.url + "/metrics")
+        app_collector.http("POST", "/v1/ingest", orjson.dumps(step_batch("p", r, [0, 1])))
+    app_collector.http("POST", "/v1/ingest", b"garbage")
+    app_collector.sync()
+    status, text = app_collector.http("GET", "/metrics")
     assert status == 200
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value

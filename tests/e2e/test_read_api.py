@@ -1,6 +1,7 @@
-"""A real collector's read path: /metrics by Prometheus's conventions with every series the
-example alerting rules read, the runs list paged and sorted by the server, and a finished
-run's report served as it was stored when the run ended."""
+"""The collector's read path: /metrics by Prometheus's conventions with every series the
+example alerting rules read (a real collector, fed by a live replay), the runs list paged and
+sorted by the server and a finished run's report served as it was stored when the run ended
+(its app in this process), and ``goodlens runs`` over a store and over ``--url``."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from goodlens.collector.replay import stream_trace
-from tests.harness import GOODLENS, ROOT, Collector, http, wait_until
+from tests.harness import GOODLENS, ROOT, AppCollector, Collector, http, wait_until
 from tests.integration.test_prometheus_rules import EXPORTED_METRICS
 
 
-def _push(c: Collector, doc: dict) -> None:
-    status, body = http("POST", c.url + "/v1/ingest", json.dumps(doc).encode())
+def _push(c: AppCollector | Collector, doc: dict) -> None:
+    status, body = c.http("POST", "/v1/ingest", json.dumps(doc).encode())
     assert status == 200, body
 
 
-def _live_run(c: Collector, run: str, t0: float, steps: int = 5) -> None:
+def _live_run(c: AppCollector | Collector, run: str, t0: float, steps: int = 5) -> None:
     """A run in progress: attempt 0 started at t0, 4 ranks, ``steps`` steps of 1 s."""
     _push(c, {"schema_version": 1, "run_id": run, "run": {"world_size": 4},
               "events": {"source": "launcher", "seq": [0], "kind": ["attempt_start"],
@@ -95,44 +96,44 @@ def test_metrics_follow_the_conventions_and_carry_what_the_rules_read(tmp_path):
         c.stop()
 
 
-def test_the_runs_list_is_paged_sorted_and_filtered_by_the_server(collector):
+def test_the_runs_list_is_paged_sorted_and_filtered_by_the_server(app_collector):
     # recent data: the runs must still be running when filtered by state below. Steps that
     # ended ~96 s ago are past the collector's 60 s hang floor, so its next detection pass
     # (every 2 s) records them as hung and they read `failed`: under two busy loops that
     # pass came before the query (clean clone 15, docs/testing.md)
     t0 = time.time() - 10
     for i, run in enumerate(["run-c", "run-a", "job-b"]):
-        _live_run(collector, run, t0 + i, steps=2 + i)
-    collector.sync()
-    status, body = http("GET", collector.url + "/v1/runs?limit=2&sort=run&order=asc")
+        _live_run(app_collector, run, t0 + i, steps=2 + i)
+    app_collector.sync()
+    status, body = app_collector.http("GET", "/v1/runs?limit=2&sort=run&order=asc")
     assert status == 200
     assert [r["run_id"] for r in body["runs"]] == ["job-b", "run-a"]
     assert (body["total"], body["next_offset"], body["limit"]) == (3, 2, 2)
-    _, body = http("GET", collector.url + "/v1/runs?limit=2&offset=2&sort=run&order=asc")
+    _, body = app_collector.http("GET", "/v1/runs?limit=2&offset=2&sort=run&order=asc")
     assert [r["run_id"] for r in body["runs"]] == ["run-c"] and body["next_offset"] is None
-    _, body = http("GET", collector.url + "/v1/runs?sort=steps")  # 4, 3, 2 steps
+    _, body = app_collector.http("GET", "/v1/runs?sort=steps")  # 4, 3, 2 steps
     assert [r["run_id"] for r in body["runs"]] == ["job-b", "run-a", "run-c"]
     assert [r["steps"] for r in body["runs"]] == [4, 3, 2]
-    _, body = http("GET", collector.url + "/v1/runs?q=RUN-&state=running")
+    _, body = app_collector.http("GET", "/v1/runs?q=RUN-&state=running")
     assert sorted(r["run_id"] for r in body["runs"]) == ["run-a", "run-c"]
     assert all(r["goodput"] is not None for r in body["runs"])  # accounted as rows came
     for query, field in (("sort=bogus", "sort"), ("limit=-1", "limit"), ("order=up", "order"),
                          ("limit=10001", "limit")):
-        status, body = http("GET", collector.url + "/v1/runs?" + query)
+        status, body = app_collector.http("GET", "/v1/runs?" + query)
         assert status == 422 and body["field"] == field, query
 
 
-def test_a_finished_runs_report_is_served_as_stored_when_it_ended(collector):
+def test_a_finished_runs_report_is_served_as_stored_when_it_ended(app_collector):
     t0 = 2_000_000.0
-    _live_run(collector, "done", t0, steps=8)
-    _push(collector, {"schema_version": 1, "run_id": "done", "events": {
+    _live_run(app_collector, "done", t0, steps=8)
+    _push(app_collector, {"schema_version": 1, "run_id": "done", "events": {
         "source": "launcher", "seq": [1], "kind": ["attempt_end"], "time": [t0 + 11],
         "attempt": 0, "cause": ["completed"]}})
-    collector.sync()
-    _, first = http("GET", collector.url + "/v1/report?run=done")
+    app_collector.sync()
+    _, first = app_collector.http("GET", "/v1/report?run=done")
     time.sleep(1.2)
-    _, again = http("GET", collector.url + "/v1/report?run=done")
-    _, fresh = http("GET", collector.url + "/v1/report?run=done&fresh=1")
+    _, again = app_collector.http("GET", "/v1/report?run=done")
+    _, fresh = app_collector.http("GET", "/v1/report?run=done&fresh=1")
     # 8 steps of 1 s from t0 + 1, completed at t0 + 11: the same numbers stored and fresh
     assert first["computed_at"] == again["computed_at"]  # not recomputed
     assert "computed_at" not in fresh
