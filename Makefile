@@ -11,7 +11,8 @@ APT_PACKAGES := chromium chromium-driver prometheus default-jre-headless gdb
 
 SAMPLES := $(patsubst %/manifest.json,%,$(wildcard sample_data/*/manifest.json))
 
-.PHONY: run reset test test-unit lint bench sample-data clean system-deps screenshots
+.PHONY: run reset test test-unit lint bench sample-data clean system-deps screenshots \
+	record-fixtures
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +70,12 @@ test: $(VENV)/.stamp-test system-deps
 # The unit tier has no module-scoped fixtures: its tests are spread one by one (--dist load).
 test-unit: $(VENV)/.stamp-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist load tests/unit
+
+# Record the real runs the replay tests read (tests/fixtures/runs/, docs/testing.md): run it
+# on a quiet machine when the exporter's wire output or a job's clock lines change.
+# ONLY="ddp-slow hf" records some.
+record-fixtures: $(VENV)/.stamp-test
+	$(BIN)/python -m tests.record $(ONLY)
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .

@@ -163,7 +163,9 @@ class AppCollector:
     url = "http://127.0.0.1"
     """The client's base URL: a loopback Host, which a token-less collector answers."""
 
-    def __init__(self, db: Path | str, **config: Any) -> None:
+    def __init__(self, db: Path | str, *, detection_thread: bool = True, **config: Any) -> None:
+        """``detection_thread``: False leaves the detection service's passes to the caller
+        (``self.detection.poll_once(now=...)``), as a replay on a recorded clock does."""
         from starlette.testclient import TestClient
 
         from goodlens.collector.reports import KeeperConfig, ReportKeeper
@@ -185,7 +187,9 @@ class AppCollector:
             from goodlens.detectors.hangs import HangConfig
             self.detection = DetectionService(
                 self.store, self.writer, config=cfg.straggler, webhook=cfg.webhook,
-                hang_config=HangConfig(min_timeout_s=cfg.hang_floor_s)).start()
+                hang_config=HangConfig(min_timeout_s=cfg.hang_floor_s))
+            if detection_thread:
+                self.detection.start()
         app = create_app(self.store, self.writer, cfg, self.detection, None, keeper)
         self.client = TestClient(app, base_url=self.url)
         self.client.__enter__()  # one event loop for every request, as a server has

@@ -18,15 +18,17 @@ read a live one; it does not depend on this machine's load, so its tolerances ca
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.harness import ROOT
+from tests.harness import ROOT, AppCollector
 from tests.jobclock import JobResult
 
 FIXTURES = ROOT / "tests" / "fixtures" / "runs"
@@ -84,51 +86,30 @@ def write_clock(folder: Path, out: Path) -> int:
     return len(rows["line"])
 
 
-class InProcessCollector:
-    """The collector's ASGI app over a new DuckDB file, in this process: its ingest route,
-    writer, summaries and detection service, whose passes the caller drives (no thread)."""
+class InProcessCollector(AppCollector):
+    """The collector's app over a new DuckDB file, in this process (:class:`AppCollector`),
+    whose detection passes the caller drives (no thread), with the checks a replay wants."""
 
     def __init__(self, db: Path, *, straggler: Any = None, hang_floor_s: float = 60.0) -> None:
-        from starlette.testclient import TestClient
-
-        from goodlens.collector.detection import DetectionService
-        from goodlens.collector.server import ServerConfig, create_app
-        from goodlens.detectors.hangs import HangConfig
-        from goodlens.storage.store import Store
-        from goodlens.storage.writer import Writer
-
-        self.db = db
-        self.store = Store(db)
-        self.writer = Writer(self.store).start()
-        self.detection = DetectionService(self.store, self.writer, config=straggler,
-                                          hang_config=HangConfig(min_timeout_s=hang_floor_s))
-        app = create_app(self.store, self.writer, ServerConfig(db=str(db)), self.detection)
-        self.client = TestClient(app, base_url="http://127.0.0.1")
+        super().__init__(db, detection_thread=False, straggler=straggler,
+                         hang_floor_s=hang_floor_s)
 
     def push(self, doc: dict[str, Any]) -> None:
         """POST one wire batch (Arrow IPC, as the exporter sends it); it must be accepted."""
         from goodlens.model.wire import ARROW, encode_arrow_batch
-        r = self.client.post("/v1/ingest", content=encode_arrow_batch(doc),
-                             headers={"content-type": ARROW})
-        assert r.status_code == 200, r.text
-
-    def sync(self, detect: bool = False) -> None:
-        """``POST /v1/sync``: everything pushed committed and summarised (and, with
-        ``detect``, a detection pass at this machine's clock)."""
-        r = self.client.post("/v1/sync" + ("?detect=1" if detect else ""))
-        assert r.status_code == 200, r.text
+        status, body = self.http("POST", "/v1/ingest", encode_arrow_batch(doc),
+                                 {"content-type": ARROW})
+        assert status == 200, body
 
     def get(self, path: str, **params: Any) -> dict:
         """A GET of the read API, answered 200."""
-        r = self.client.get(path, params=params)
-        assert r.status_code == 200, r.text
-        return r.json()
+        status, body = self.http("GET", f"{path}?{urlencode(params)}" if params else path)
+        assert status == 200, body
+        return body
 
     def close(self) -> None:
         """Stop the writer and close the store (the file stays)."""
-        self.client.close()
-        self.writer.stop()
-        self.store.close()
+        self.stop()
 
 
 def _columns(table: pa.Table, idx: np.ndarray) -> dict[str, list]:
@@ -137,19 +118,23 @@ def _columns(table: pa.Table, idx: np.ndarray) -> dict[str, list]:
 
 
 def replay(name: str, tmp_path: Path, *, window_s: float = 2.0, tail_s: float = 0.0,
-           straggler: Any = None, hang_floor_s: float = 60.0) -> JobResult:
+           straggler: Any = None, hang_floor_s: float = 60.0,
+           each_pass: Callable[[InProcessCollector, float], None] | None = None) -> JobResult:
     """Replay recording ``name`` into a new store under ``tmp_path`` (see the module's
     docstring) and read back what goodlens made of it: the stored steps and events (its
     findings included), ``/v1/report``, ``/v1/actions``, ``/v1/runs/RUN`` and the job's
     clock. ``tail_s``: detection passes
     go on that long past the last row, as a live collector's do while a hung job sends
-    nothing."""
+    nothing. ``each_pass(collector, now)`` runs after every detection pass (``now``: its
+    recorded instant): what a job polling the live collector (``/v1/actions``) saw then."""
     rec = load(name)
     run_id = rec.run_id
     steps = rec.tables["steps"].drop_columns(["run_id"])
     events = rec.tables["events"].drop_columns(["run_id"])
     runs = rec.tables["runs"].to_pylist()
-    meta = {k: v for k, v in runs[0].items() if k != "run_id" and v is not None} if runs else {}
+    # the run's wire fields (first_seen is the store's own: the earliest row it holds)
+    meta = {k: v for k, v in runs[0].items()
+            if k not in ("run_id", "first_seen") and v is not None} if runs else {}
     s_at = (steps.column("start_time").to_numpy(zero_copy_only=False)
             + steps.column("duration_s").to_numpy(zero_copy_only=False))
     e_at = events.column("time").to_numpy(zero_copy_only=False)
@@ -174,6 +159,8 @@ def replay(name: str, tmp_path: Path, *, window_s: float = 2.0, tail_s: float = 
                 col.push(doc)
             col.sync()
             col.detection.poll_once(now=t0 + (k + 1) * window_s)
+            if each_pass is not None:
+                each_pass(col, t0 + (k + 1) * window_s)
         col.sync(detect=True)
         return JobResult(col.db, run_id, rec.truth, job=rec.job,
                          report=col.get("/v1/report", run=run_id),
