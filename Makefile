@@ -94,6 +94,7 @@ bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/cluster.py
 	$(BIN)/python bench/torch_overhead.py
 	$(BIN)/python bench/integrations.py
+	$(BIN)/python bench/accuracy.py
 
 screenshots: $(VENV)/.stamp-test system-deps
 	$(BIN)/python docs/screenshots.py

@@ -213,6 +213,30 @@ def true_lateness(res: JobResult, slow_rank: int, attempt: int, last: int = 64) 
     return statistics.median(loss) / statistics.median(base)
 
 
+def ready_lateness(res: JobResult, slow_rank: int, onset: int,
+                   ranks: int) -> dict[str, float]:
+    """The job's own clock on a slowed rank (``ready`` and ``step`` lines of attempt 0):
+    ``slowdown_lo`` and ``slowdown_hi``, its lateness at its ready line (against the other
+    ranks' median) over the others' step less it, and over their time to their ready line
+    (medians over the steps since ``onset``)."""
+    at: dict[int, dict[int, tuple[float, float, float]]] = {}
+    for r in range(ranks):
+        ready = res.own_ready(r, 0)
+        for step, (t0, t1) in res.own_steps(r, 0).items():
+            if step in ready:
+                at.setdefault(step, {})[r] = (ready[step], t0, t1)
+    late, step, pre = [], [], []
+    for s, v in at.items():
+        if s >= onset and len(v) == ranks:
+            others = [v[r] for r in v if r != slow_rank]
+            late.append(v[slow_rank][0] - statistics.median(t for t, _, _ in others))
+            step.append(statistics.median(t1 - t0 for _, t0, t1 in others) - late[-1])
+            pre.append(statistics.median(t - t0 for t, t0, _ in others))
+    lateness = statistics.median(late)
+    return {"slowdown_lo": lateness / statistics.median(step),
+            "slowdown_hi": lateness / statistics.median(pre)}
+
+
 def true_straggler_wait(res: JobResult, ranks: int,
                         kept: dict[int, tuple[int, int]]) -> float:
     """The straggler wait by the job's clock: per kept step (``kept``: attempt -> the steps

@@ -11,7 +11,6 @@ jobs run live, quiet and beside busy loops.
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 
@@ -19,6 +18,7 @@ from tests.jobclock import (
     JobResult,
     buckets_sum_to_wall_clock,
     first_step,
+    ready_lateness,
     restart_and_startup_match_the_jobs_clock,
     true_straggler_wait,
 )
@@ -33,29 +33,6 @@ def slow(tmp_path_factory) -> JobResult:
 @pytest.fixture(scope="module")
 def crash(tmp_path_factory) -> JobResult:
     return replay("ddp-crash", tmp_path_factory.mktemp("ddp-crash"))
-
-
-def ready_lateness(res: JobResult, slow_rank: int, onset: int, ranks: int) -> dict[str, float]:
-    """The job's own clock on a slowed rank (``ready`` and ``step`` lines of attempt 0):
-    ``slowdown_lo`` and ``slowdown_hi``, its lateness at its ready line (against the other
-    ranks' median) over the others' step less it, and over their time to their ready line
-    (medians over the steps since ``onset``)."""
-    at: dict[int, dict[int, tuple[float, float, float]]] = {}
-    for r in range(ranks):
-        ready = res.own_ready(r, 0)
-        for step, (t0, t1) in res.own_steps(r, 0).items():
-            if step in ready:
-                at.setdefault(step, {})[r] = (ready[step], t0, t1)
-    late, step, pre = [], [], []
-    for s, v in at.items():
-        if s >= onset and len(v) == ranks:
-            others = [v[r] for r in v if r != slow_rank]
-            late.append(v[slow_rank][0] - statistics.median(t for t, _, _ in others))
-            step.append(statistics.median(t1 - t0 for _, t0, t1 in others) - late[-1])
-            pre.append(statistics.median(t - t0 for t, t0, _ in others))
-    lateness = statistics.median(late)
-    return {"slowdown_lo": lateness / statistics.median(step),
-            "slowdown_hi": lateness / statistics.median(pre)}
 
 
 def test_the_slow_rank_is_one_finding_about_rank_2_from_its_onset(slow):
