@@ -1,39 +1,16 @@
-"""Streaming straggler detection inside the collector.
+"""Streaming straggler and hang detection inside the collector.
 
 The detectors (``detectors/``) are pure statistics; this service feeds them as data arrives
-and acts on what they find, so a launcher can evict a slow node while the run goes on:
-
-- every ``interval_s`` it reads, per run and attempt, each rank's time to reach the
-  collective (step minus collective wait) for the steps that completed since its last
-  pass (through the store's read API, on its own thread) and updates one
-  :class:`~goodlens.detectors.stragglers.StragglerDetector` per run (it resets at each new
-  attempt; a rank still slow after a restart continues its finding, as in
-  ``goodlens detect``);
-- each finding the detector emits (``new``, then ``update`` when its estimate, action or
-  cost moves and once more when an attempt's data ends, then ``resolved``) is stored as a
-  ``straggler_flagged`` event (through the single writer; keyed by the finding's id and
-  its emission number, so a restarted collector replaying the same steps adds nothing),
-  shown on ``/metrics`` while open (series only for open findings: a bounded set; their
-  numbers as of the last scored step), and pushed to an optional webhook (JSON POST, with
-  its ``status`` and stable ``id``: an update is not a new finding) and an optional Python
-  callback: only when its event was new to the store, so a restarted collector replaying
-  history, or a second collector on the same Parquet dataset, does not push it again.
-
-A step of a live attempt is scored once every rank seen in the attempt has reported it, or
-once the attempt's data has moved ``late_grace_s`` past its end (a rank that stopped
-reporting must not hold detection back: its missing rows are then NaN, which the detector
-tolerates); an ended attempt's steps are all scored. Each rank's exporter flushes on its own
-timer, so at any pass some ranks' newest steps are stored and others' are still on their
-way: scoring a step before its late ranks arrive would lose their rows for good (a rank
-whose pushes always trail the others', the slow one among them, would never be seen).
-
-Hangs: for a run whose latest attempt has not ended and whose data is live (its last step
-less than ``live_window_s`` ago), a :class:`~goodlens.detectors.hangs.HangDetector` watches each
-rank's
-step ends against an adaptive timeout; when every rank has gone silent (a hung collective
-stops them all) the service records ``failure_detected`` with cause ``hang``, once per
-attempt, and pushes it like a straggler finding. Heartbeats do not count as progress: the
-exporter's background thread keeps sending them while the training thread is stuck.
+and acts on what they find, so a launcher can evict a slow node while the run goes on.
+Every ``interval_s`` it reads each run's newly completed steps (a live step once every
+rank seen in its attempt has reported it, or ``late_grace_s`` of data later), updates one
+:class:`~goodlens.detectors.stragglers.StragglerDetector` per run (reset per attempt), and
+publishes each finding it emits: stored as a ``straggler_flagged`` event keyed by the
+finding's id and emission number (a restarted collector adds nothing), served on
+``/metrics`` and ``/v1/actions`` while open, and pushed to the webhook and callback only
+when its event was new to the store. A live run whose every rank goes silent past the
+adaptive timeout gets a ``failure_detected`` with cause ``hang``. The rules, and why each
+is so: docs/detectors.md ("Inside the collector").
 """
 
 from __future__ import annotations
@@ -121,6 +98,7 @@ class DetectionService:
         self._finished: dict[str, Any] = {}  # ended runs read to their end: at which activity
         self._sparse: set[str] = set()  # runs whose rank ids are too sparse to detect on
         self._closed: set[tuple[str, int]] = set()  # ended attempts whose findings are final
+        self._read: set[str] = set()  # runs a finished pass has read (their findings stored)
         self._lock = threading.Lock()
         self._pass = threading.Lock()   # one pass at a time: the thread's or run_pass's
         self._stop = threading.Event()
@@ -143,6 +121,13 @@ class DetectionService:
         at), or None when this service has not reported it."""
         with self._lock:
             return self._onset.get((run_id, finding_id))
+
+    def has_read(self, run_id: str) -> bool:
+        """Whether a pass has read the run's stored steps and stored what it found. Until
+        then an empty findings list means "not looked yet", not "no straggler": at a
+        collector's start the ended runs wait for passes with time to spare."""
+        with self._lock:
+            return run_id in self._read
 
     def flagged(self) -> dict[str, list[Finding]]:
         """Per run, the open findings (not resolved) in their latest state."""
@@ -208,6 +193,8 @@ class DetectionService:
         for run_id, f in new:
             self._publish(run_id, f)
         self._refresh(visited)
+        with self._lock:
+            self._read.update(visited)
         return new
 
     def _refresh(self, run_ids: list[str]) -> None:
@@ -216,9 +203,9 @@ class DetectionService:
         :attr:`findings` without emitting anything. The detector emits an update when its
         estimate, action or wait moves by 10% (every 10 steps at most), while its
         confidence and wait grow at every slow step: the state at its last emission lags
-        (before the wait was compared, a finding confirmed at confidence 0.6 whose estimate
-        then stayed kept serving 0.6, so a job asking for 0.7 refused it for the rest of
-        the run). Its ``action`` and ``status`` stay those of its last emission: a job acts
+        (a finding whose estimate settles would keep serving the confidence it was first
+        confirmed at, and a job asking for more would refuse it for the rest of the run).
+        Its ``action`` and ``status`` stay those of its last emission: a job acts
         on an ``evict`` that is on record as an event, never on one the detector has not
         reported yet (updates are at least ``update_every`` steps apart)."""
         for run_id in run_ids:

@@ -145,8 +145,9 @@ class ServerConfig:
                              "can push")
 
 
-RootApp = Callable[[Store], Any]
-"""Builds the ASGI app served at ``/`` over the open store (``goodlens serve``: the dashboard)."""
+RootApp = Callable[[Store, Any], Any]
+"""Builds the ASGI app served at ``/`` over the open store and the detection service (None
+with ``--no-detect``): ``goodlens serve``'s dashboard."""
 
 
 class CollectorApi:
@@ -470,7 +471,7 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
                                      hang_config=HangConfig(min_timeout_s=config.hang_floor_s)
                                      ).start()
     app = create_app(store, writer, config, detection,
-                     None if root is None else root(store), keeper)
+                     None if root is None else root(store, detection), keeper)
     uconfig = uvicorn_config(app, config.host, config.port, config.limits,
                              log_level=log_level, timeout_graceful_shutdown=10)
     server = uvicorn.Server(uconfig)

@@ -184,7 +184,7 @@ def _register_ranks(app: dash.Dash, data: RunData) -> None:
         if rk is None:
             return (f"run {run_id!r} is gone", *(NO,) * (n + 1))
         key = [list(rk["version"]), [attempt, pool, span, since or "", until or ""],
-               rk["findings_source"] != "pending"]
+               rk["findings_source"]]  # a pass ending redraws the findings
         keep = redraw(key, shown, dash.ctx.triggered_id == "tick")
         if keep is None:
             return (NO,) * (n + 2)
@@ -242,8 +242,8 @@ def redraw(key: list[Any], shown: Any, tick: bool) -> bool | None:
     nothing moved); ``True``, as a timer redraw of the controls shown (the browser keeps the
     user's zoom and hidden traces); ``False``, afresh. A tick that finds other controls than
     the ones shown draws afresh: the browser drops a control's answer that a tick's request
-    superseded, and keeping the view then kept the axes drawn for the old controls (a zoom
-    set the window, the overview showed it, and the timeline stayed on the whole run)."""
+    superseded, and keeping the view would keep the axes drawn for the old controls (a
+    zoomed window everywhere but a graph still on the whole run)."""
     if shown is None:
         return False
     shown = list(shown)

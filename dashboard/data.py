@@ -61,6 +61,9 @@ class DashConfig:
     live_detection: bool = False
     """A live detector runs in this process (``goodlens serve``): its stored findings are
     the answer, and no batch scan is made for runs it has not flagged."""
+    detection_read: Callable[[str], bool] | None = None
+    """Whether the live detector has read a run yet (``DetectionService.has_read``): until
+    it has, the ranks page says detection is running instead of showing no straggler."""
     straggler: StragglerConfig | None = None
     """The detector's settings for a batch scan (None: its defaults; ``--threshold``,
     ``--min-slowdown`` and ``--evict-at`` of ``goodlens serve`` and ``dashboard``)."""
@@ -327,13 +330,15 @@ class RunData:
 
     def findings(self, run_id: str, wait: bool = False, info: dict[str, Any] | None = None
                  ) -> tuple[list[dict[str, Any]], str]:
-        """``(findings, source)``: what the live detector stored (``live``), else a batch pass
-        over the step records run on a background thread (``batch`` once done, ``pending``
-        meanwhile, unless ``wait``), or ``too-large`` for a run over ``detect_max_rows``.
-        ``info``: the run's row when the caller has read it."""
+        """``(findings, source)``: what the live detector stored (``live``; ``detecting``
+        while it has not read the run yet), else a batch pass over the step records run on
+        a background thread (``batch`` once done, ``pending`` meanwhile, unless ``wait``),
+        or ``too-large`` for a run over ``detect_max_rows``. ``info``: the run's row when
+        the caller has read it."""
         found = stored_findings(self.store, run_id)
         if found or self.config.live_detection:
-            return found, "live"
+            read = self.config.detection_read
+            return found, "detecting" if not found and read and not read(run_id) else "live"
         info = self.store.run(run_id) if info is None else info
         v = self._version_of(info)
         v = None if v is None else v[:4]

@@ -286,6 +286,8 @@ _FINDINGS_SOURCE = {
                  "anything; run `goodlens detect --db FILE --run ID`",
     "pending": "scanning this run's step records for stragglers (no live detector saw it); "
                "the table fills in when the scan ends",
+    "detecting": "the collector's live detector has not finished its first pass over this "
+                 "run; the table fills in when it has",
     "none": "",
 }
 
@@ -309,8 +311,9 @@ def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
                        if k in _SLOWDOWN_TITLES and f.get(k) is not None else
                        html.Td(cells[k], className=f"gl-action-{f['action']}")
                        if k == "action" else cells[k] for k, _ in FINDING_COLUMNS])
+    running = d["findings_source"] in ("pending", "detecting")  # no pass has ended yet
     findings = (_table([h for _, h in FINDING_COLUMNS], f_rows, id="findings-table")
-                if f_rows else html.P("" if d["findings_source"] == "pending"
+                if f_rows else html.P("Straggler detection is still running." if running
                                       else "No persistent straggler.", id="findings-none"))
     sw = fig.switch_table_rows(d.get("hosts"))
     switches = _table(["switch", "hosts", "mean vs median host", "worst host", "its slowdown"],

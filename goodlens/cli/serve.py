@@ -46,13 +46,15 @@ def dashboard_root(token: str | None, live_detection: bool,
                    gpu_hour_price: float | None = None, straggler: Any = None) -> Any:
     """What ``goodlens serve`` mounts at ``/``: the dashboard over the collector's store,
     behind the collector's token (``straggler``: the detector's config, for its batch
-    passes over runs the live detector did not see)."""
-    def build(store: Any) -> Any:
+    passes over runs the live detector did not see). ``build(store, detection)`` gets the
+    collector's detection service, whose progress the ranks page reports."""
+    def build(store: Any, detection: Any = None) -> Any:
         from goodlens.dashboard.app import create_app
         from goodlens.dashboard.asgi import dashboard_asgi
         from goodlens.dashboard.data import DashConfig
         config = DashConfig(live_detection=live_detection, gpu_hour_price=gpu_hour_price,
-                            straggler=straggler)
+                            straggler=straggler,
+                            detection_read=None if detection is None else detection.has_read)
         return dashboard_asgi(create_app(store, config), token)
     return build
 
