@@ -99,6 +99,12 @@ bench: $(VENV)/.stamp-test
 screenshots: $(VENV)/.stamp-test system-deps
 	$(BIN)/python docs/screenshots.py
 
+# docs/cli.md and docs/http-api.md are generated from --help and the OpenAPI document
+# (tests/unit/test_cli_reference.py fails while they are stale).
+.PHONY: docs
+docs: $(VENV)/.stamp-run
+	$(BIN)/python -m goodlens.cli.docs
+
 # The fault scenario (docs/elastic.md): 3 torchrun agents x 2 gloo ranks, a node killed, a
 # hot spare joining, a straggler evicted automatically; leaves the store in FAULTS_DIR.
 FAULTS_DIR ?= .goodlens/faults

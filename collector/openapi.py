@@ -2,9 +2,10 @@
 
 Why a module of its own: the document is data, built once from the model's column
 specifications (:mod:`goodlens.model.schema`), so a column added there is published here
-with its type, bounds and meaning; the answers are the ones ``server.py`` gives (and
-docs/ingest-api.md describes). CI fuzzes the running collector against it with Schemathesis
-(tests/e2e/test_server_hardening.py): no answer may be a 5xx or stray from this document.
+with its type, bounds and meaning; the answers are the ones ``server.py`` gives. The
+reference page docs/http-api.md is generated from it (``python -m goodlens.cli.docs``), and
+tests/e2e/test_server_hardening.py fuzzes a running collector against it with Schemathesis:
+no answer may be a 5xx or stray from this document.
 """
 
 from __future__ import annotations
