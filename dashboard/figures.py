@@ -20,8 +20,8 @@ from goodlens.model.units import format_duration
 BUCKET_COLORS = {"productive": "#2ca02c", "straggler_wait": "#ff7f0e",
                  "checkpoint_stall": "#1f77b4", "recompute": "#d62728", "startup": "#8c564b",
                  "restart": "#9467bd", "other": "#7f7f7f"}
-# restart's parts: purple for the waiting, then distinct hues for the start-up steps (warm-up
-# and restore used to be two near-identical lilacs)
+# restart's parts: purple for the waiting, then distinct hues for the start-up steps, so
+# warm-up and restore never look alike
 RESTART_COLORS = {"detection": "#54278f", "queue": "#9e9ac8", "init": "#e7298a",
                   "restore": "#1b9e77", "warmup": "#e6ab02", "unattributed": "#dadaeb"}
 #: startup's parts: browns, so the first start-up never reads as a restart

@@ -311,8 +311,9 @@ class Units:
         """The totals (relative excess, steps; 2 x len(m)) where the slowdown of units m
         began, as :meth:`onset` dates it: the stricter CUSUM's excursion start when it is
         sharp, else the main one's. Kept by a finding when it opens, so its slowdown is the
-        mean since its ``first_step``: from the main start, a unit ~1% slow for tens of steps
-        before a 28% shift (a rank sharing a loaded core) read 0.18 for 0.28."""
+        mean since its ``first_step``: counted from the main start, a unit slightly slow for
+        tens of steps before a large shift (a rank sharing a busy core) would read well under
+        the shift."""
         return np.where(self.sharp(m), self.h[:, m], self.begin[:2, m])
 
     def slowdown(self, m: list[int], since: np.ndarray | None = None) -> float:

@@ -425,13 +425,12 @@ class StragglerDetector:
         """Date a finding's onset later when its evidence now says so: at its first report
         a large shift's stricter CUSUM has often run too few steps to be trusted, and the
         onset is then where the main one began, tens of steps early where the subject was
-        already ~1% slow (a rank on a loaded core: 72 for a 30% shift planted at 100, its
-        slowdown since then 0.24). Once the stricter sum has dated it (``Units.sharp``),
-        the onset and the totals its slowdown counts from move there: never earlier, and
-        never past the step the finding was reported at (what was detected had begun by
-        then; a small shift's stricter sum can restart late in a long finding: a 4.9% rank
-        from step 100 was re-dated to step 2932 of 3000 and read 5.5%). The ``id`` keeps
-        the first report's step."""
+        already slightly slow (a rank sharing a busy core), and its slowdown is diluted by
+        those steps. Once the stricter sum has dated it (``Units.sharp``), the onset and the
+        totals its slowdown counts from move there: never earlier, and never past the step
+        the finding was reported at (what was detected had begun by then, while a small
+        shift's stricter sum can restart late in a long finding). The ``id`` keeps the first
+        report's step."""
         m = o.members if o.members is not None else [i]
         first = self.units.onset(m, step)
         if o.first_step < first <= o.detected_step:

@@ -1,49 +1,15 @@
 """Time accounting: every second of a run's wall-clock in exactly one bucket.
 
-This is the number goodlens exists for. The run's wall-clock (first attempt start to the
-run's end, or now while it runs) is cut into contiguous, non-overlapping segments, each with
-one account (a bucket, or a part of one), so the buckets sum to wall-clock for the run, for
-each attempt and for any window, by construction. Rules (docs/accounting.md has examples):
-
-- **productive**: time of kept steps, minus the straggler wait, input stall and checkpoint
-  stall in them.
-- **straggler wait**: per step, the slowest rank's time to reach the collective minus the
-  median rank's (``ready_max - ready_median``; :mod:`goodlens.analysis.stepwaits`). When no
-  rank reported a compute/wait split it is *not measured*: reported as None, never as a
-  silent zero (the time stays in productive), with the measured share of step time alongside.
-- **checkpoint stall**: the union of blocking intervals (``ckpt_save_start`` to
-  ``ckpt_save_blocking_end``; to ``ckpt_save_durable_end`` when there is no blocking end) that
-  falls between or inside steps. Asynchronous saves stall only for their blocking part;
-  overlapping saves count once.
-- **recompute**: steps of an attempt that a later attempt rolled back (a step number at or
-  beyond the first step of any later attempt), and the partial step in flight when an attempt
-  failed (the time after its last step, up to one median step, before the failure).
-- **startup**: the run's first attempt (the lowest attempt number) from its start to its
-  first step, in the parts ``init`` (except restores), ``restore`` (``ckpt_restore_start``
-  to ``_end``) and ``warmup`` (its first step's excess over its median step: compile, cache
-  fill). Every run pays it once; it is not time lost to a failure.
-- **restart**: from a failure, eviction, preemption or elastic resize to the next step:
-  ``detection`` (after the partial step until ``failure_detected``/``preempted``),
-  ``queue`` (from there to the next attempt's start), and for every later attempt ``init``
-  (attempt start to its first step, except restores), ``restore`` and ``warmup`` as in
-  startup, and ``unattributed`` (a failure inferred from a step number reappearing in a later
-  attempt, with no event saying when it was detected).
-- **other**: everything else, never hidden: ``unexplained`` gaps between steps, user-labelled
-  ``custom_begin``/``custom_end`` intervals by label (eval, sdc_check, ...), ``input_stall``
-  (the data wait every rank of a kept step had), ``shutdown`` after the last step of a
-  completed run, and ``since_last_step`` for a run in progress.
-
-Clocks: step times come from the step summaries' ``ref_start`` (the lowest reporting rank's
-clock, one reference clock per attempt) and the median rank's *duration*, so host clock
-offsets of ±100 ms move step boundaries by at most that much and never break the partition
-(overlaps are trimmed, events are clipped into their attempt). A second view weights each
-segment by GPUs: active (the attempt's world size, updated by ``world_resized``) against
-allocated (the largest world times GPUs per rank, plus ``spare_gpus`` from the run's tags),
-so a shrunk elastic world and idle hot spares show as lost GPU-time.
+The run's wall-clock (first attempt start to the run's end, or now while it runs) is cut
+into contiguous, non-overlapping segments, each with one account (a bucket, or a part of
+one), so the buckets sum to wall-clock for the run, for each attempt and for any window,
+by construction. The rules of each bucket (productive, straggler_wait, checkpoint_stall,
+recompute, startup, restart, other), the clocks and the GPU-time view are in
+docs/accounting.md; this module is their implementation.
 
 Pure computation over frames from the store's read API
-(:class:`goodlens.storage.reader.RunReader`; no SQL, no I/O). The report built on it
-(:func:`goodlens.analysis.report.report_dict`) is in :mod:`goodlens.analysis.report`.
+(:class:`goodlens.storage.reader.RunReader`; no SQL, no I/O). The report built on it is
+:func:`goodlens.analysis.report.report_dict`.
 """
 
 from __future__ import annotations

@@ -122,9 +122,8 @@ class EvictionPolicy:
     min_confidence: float = 0.7
     """Findings with a lower confidence are refused. The detector's confidence is
     ``1 - 0.5 h / CUSUM``: 0.5 at its threshold ``h`` and at most 5/6 (its CUSUM is capped
-    at 3 thresholds, the defaults), so a minimum over 0.83 refuses every finding (the
-    default was 0.9 until that was seen: it could never evict). 0.7 is a CUSUM 1.67
-    thresholds high."""
+    at 3 thresholds, the defaults), so a minimum over 0.83 refuses every finding. 0.7 is a
+    CUSUM 1.67 thresholds high."""
     max_per_hour: int = 1
     """Evictions in any 3600 s window, counted over the history file (survives restarts);
     a dry run's would-be evictions count, so it records what ``on`` would really do."""

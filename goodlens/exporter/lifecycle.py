@@ -247,9 +247,9 @@ def _record_in_flight() -> None:
     frames the error unwinds through (torch's own ``except`` logging it, the step scope's
     ``__exit__``), before the step scope could record anything, and its default action then
     ends the process. The error is then the exception being handled (``sys.exc_info``).
-    Not a ``failure`` at this instant: the signal may have waited seconds in that C++ call
-    (an FSDP2 survivor's all-gather raised 4 s after its peer died, under load), so when
-    the peer died is not known here; the accounting then estimates the step in flight.
+    Not a ``failure`` at this instant: the signal may have waited seconds in that C++ call,
+    so when the peer died is not known here; the accounting then estimates the step in
+    flight.
     Only a distributed error: another exception being handled may be control flow, and a
     SIGTERM by itself is no failure."""
     exc = sys.exc_info()[1]

@@ -170,8 +170,8 @@ def _async_group() -> Any:
 
     DCP's thread executor runs ``save``'s collectives (plan gather, metadata) in a
     background thread; on the default group they interleave with DDP's all-reduces from
-    the training thread in a different order on each rank, and the job hangs (seen with
-    torch 2.13 and gloo: 4 ranks, first async save never finished). A second group keeps
+    the training thread in a different order on each rank, and the job hangs (with torch
+    2.13 and gloo the first async save never finishes). A second group keeps
     the two streams of collectives apart; it is gloo because async save needs a CPU
     backend.
     """

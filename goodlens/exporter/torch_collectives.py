@@ -371,9 +371,9 @@ def time_buffer_sync(ddp: Any, exporter: Any) -> None:
     a Llama's rotary ``inv_freq``) broadcasts them from rank 0 at the start of every
     synchronised forward: a collective in which every rank waits for the last to arrive.
     Untimed, that wait is compute, and a slow rank makes the ranks that wait for it there
-    look as slow as itself (seen with a Hugging Face Llama: two findings, ranks 2 and 0,
-    for one rank slowed). DDP calls ``self._sync_buffers()`` (torch 2.13), so an instance
-    attribute wraps it, once; a module without it is left alone."""
+    look as slow as itself (one slowed rank yields findings for rank 0 too). DDP calls
+    ``self._sync_buffers()`` (torch 2.13), so an instance attribute wraps it, once; a module
+    without it is left alone."""
     sync = getattr(ddp, "_sync_buffers", None)
     if sync is None or getattr(sync, _WRAPPED, False):
         return

@@ -318,7 +318,7 @@ class GoodlensTrainerMixin:
         if callable(wait):  # a save in flight (the data ran out): durable, and recorded
             _guarded(wait)()
         # a Future wakes its waiters before it runs its callbacks: the durable event of the
-        # save just waited for may not be recorded yet (seen on a loaded machine)
+        # save just waited for may not be recorded yet
         for recorded in getattr(self, "_goodlens_uploads", []):
             recorded.wait(_UPLOAD_RECORD_S)
         done = self._goodlens_done

@@ -1,55 +1,13 @@
-"""The Parquet segment store: one dataset that several collectors write and any engine reads.
+"""The Parquet segment store: one hive-partitioned dataset that several collectors write
+without coordinating and DuckDB, Spark or Trino read (``--db parquet:DIR``).
 
-One DuckDB file behind one process does not hold a 100,000-GPU job for months. This backend
-writes hive-partitioned Parquet segments that DuckDB, Spark or Trino read as one dataset::
-
-    DIR/_goodlens.json                                   schema version
-    DIR/steps/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<token>-<n>.parquet
-    DIR/events/run_id=<run>/hour=<YYYYMMDDHH>/<writer>-<token>-<n>.parquet
-    DIR/runs/<writer>-<token>-<n>.parquet                        run metadata, later rows win
-
-``<run>`` is percent-encoded (Hive's convention; DuckDB, Spark and Trino decode it) and the
-hour is the UTC hour of a step's start or an event's time.
-
-Why it works without coordination:
-
-- every collector names its files ``<writer id>-<process token>-<sequence>`` and publishes
-  them with a hard link, which fails rather than replace an existing name: no segment is
-  ever overwritten, even by a process that reuses a writer id;
-- a segment is written to a hidden temporary name, fsynced, then linked into place (and the
-  directories fsynced, new partition folders included): a reader sees a whole segment or
-  none, and a collector killed mid-write leaves only a ``.*.inprogress`` file no reader's
-  ``*.parquet`` glob matches;
-- readers deduplicate by key (a step is ``(run, attempt, rank, step)``, an event ``(run,
-  source, seq)``), so a batch two collectors both stored, or rows a compaction has copied
-  but not yet removed, count once;
-- compaction (:meth:`ParquetStore.compact`) merges a partition's small segments into one
-  and removes the sources after a grace period, so a reader that listed them a moment
-  before still finds them (and a reader that still misses one retries its query).
-
-The read API is the DuckDB file's (:class:`~goodlens.storage.queries.SqlReader`, over the
-same schema, :mod:`goodlens.storage.schema`): this class runs DuckDB in
-memory with *views* named ``steps``, ``events`` and ``runs`` over the dataset, and keeps
-``step_summaries`` (and ``dirty``) in memory, rebuilt from the segments it has not yet seen
-(its own and other collectors') each time it summarises. Accounting, detectors, reports and
-the dashboard therefore work on either backend.
-
-Summaries are checkpointed so that opening a dataset does not re-read every raw row::
-
-    DIR/summaries/run_id=<run>/<writer>-<token>-<n>.parquet   the run's step_summaries, and
-                                          the run's step segments they cover (file metadata)
-
-A writable store saves, every ``summary_every_s`` (or less often when saving would take
-over 2% of the time) and when it closes, one checkpoint for each run with new segments (a
-finished run is not rewritten); a reader saves them when its open had to summarise for
-long. Opening loads, per run, the checkpoint that covers the most of its step segments
-still present and summarises only the step ranges of the others (new ones, and compacted
-ones another store merged). It is exact because a segment enters a checkpoint's list only
-after its step ranges were marked dirty, and the list is taken before the summarising pass
-that clears them; a step summarised over more rows than the list names is recomputed from
-the views when those rows' segment turns up as uncovered. A checkpoint whose columns are
-not today's summary columns (saved by an earlier goodlens) is ignored, so its run is
-re-summarised from the segments.
+The layout, why concurrent writers need no lock (segments published by hard link, never
+overwritten; readers deduplicate by key; compaction with a grace period) and how the
+summary checkpoints keep an open from re-reading every raw row are in docs/scaling.md
+("The Parquet dataset"). The read API is the DuckDB store's
+(:class:`~goodlens.storage.queries.SqlReader` over :mod:`goodlens.storage.schema`): DuckDB
+in memory with views ``steps``, ``events`` and ``runs`` over the dataset, and
+``step_summaries`` kept in memory and extended with the segments not seen yet.
 """
 
 from __future__ import annotations

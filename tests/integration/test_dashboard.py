@@ -210,8 +210,8 @@ def test_ranks_data_finds_the_planted_rank_in_a_batch_pass(tmp_path: Path) -> No
 
 def test_data_cache_follows_the_run_version(tmp_path: Path, monkeypatch) -> None:
     # the run has not ended, so its version also moves with the clock, one step per refresh
-    # period (5 s): the clock is held still here (beside two busy loops the first overview
-    # once took past a period's end, and the second was rightly drawn anew)
+    # period (5 s): the clock is held still here, so a slow first read that ends past a
+    # period's end cannot rightly make the second one new
     import goodlens.dashboard.data as dash_data
     clock = [T0 + 1e6 + 0.5]  # 0.5 s into a refresh period (T0 and 1e6 are multiples of 5)
     monkeypatch.setattr(dash_data, "time", SimpleNamespace(time=lambda: clock[0]))

@@ -1,11 +1,12 @@
 """``goodlens detect`` over a DuckDB file stays lean: it loads neither pandas nor pyarrow (nor
 the server's or the dashboard's packages).
 
-Why: issue 15 asks for the whole command (a fresh process) in 1 s on 2,048 ranks x 3,000
-steps, and importing pandas alone took half of that. The command reads arrays and rows
-(``run_row``, ``ready_matrix``, ``rank_host_map``) and imports pandas and pyarrow only where
-other commands need them; one module-level import on its path would quietly bring them back,
-so the command is run in a fresh interpreter and what it loaded is checked.
+Why: the whole command (a fresh process) should take about 1 s on 2,048 ranks x 3,000
+steps (docs/benchmarks.md), and importing pandas alone takes half of that. The command
+reads arrays and rows (``run_row``, ``ready_matrix``, ``rank_host_map``) and imports
+pandas and pyarrow only where other commands need them; one module-level import on its
+path would quietly bring them back, so the command is run in a fresh interpreter and what
+it loaded is checked.
 """
 
 from __future__ import annotations

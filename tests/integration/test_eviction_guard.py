@@ -327,9 +327,9 @@ def test_the_collector_serves_a_findings_state_now_not_at_its_last_emission(fake
     through step 100 the job has waited 21 x 0.05 = 1.05 s on it, through step 159
     80 x 0.05 = 4.0 s (the last report: 3.55 s), and its CUSUM has been at its cap
     (3 thresholds) since step 110: confidence 1 - 0.5 / 3 = 5/6. A job asking for 0.8
-    refuses it at step 100 and evicts it once it is offered again. (The collector served
-    the state of the ``evict`` emission, and emitted nothing more while the estimate
-    stayed: a refusal for confidence was final, the dry-run scenario's failure in CI.)"""
+    refuses it at step 100 and evicts it once it is offered again: served as of the
+    ``evict`` emission, with nothing emitted while the estimate stays, a refusal for
+    confidence would be final."""
     from goodlens.collector.actions import evictions
     from goodlens.collector.detection import DetectionService
     from goodlens.model.batch import validate_batch

@@ -226,8 +226,9 @@ def test_rows_written_without_a_collector_list_from_the_raw_tables(tmp_path):
 
 
 def test_reports_stored_under_an_earlier_accounting_revision_are_recomputed(tmp_path):
-    """A store written before the first start-up left ``restart`` (#28): its stored report
-    said restart 1 s and no startup; the next collector must not serve it as current."""
+    """A store written under accounting revision 1 (the first start-up counted in
+    ``restart``): its stored report said restart 1 s and no startup; the next collector
+    must not serve it as current."""
     path = tmp_path / "s.duckdb"
     store, _keeper, writer = _served(path)
     _push(writer, _lifetime("r"), _steps("r", 0, list(range(8))),

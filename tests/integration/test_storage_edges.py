@@ -28,7 +28,7 @@ def _steps(run_id: str, rank: int, steps: list[int], **extra) -> object:
     return validate_batch(step_batch(run_id, rank, steps, **extra))
 
 
-# regression (found in review): a writer id reused after a restart restarts the sequence at 0 and
+# guards against: a writer id reused after a restart restarts the sequence at 0 and
 # os.replace() overwrites the earlier, acknowledged segment
 def test_reused_writer_id_does_not_overwrite_acknowledged_segments(tmp_path: Path) -> None:
     s = ParquetStore(tmp_path / "d", writer_id="ingest-1")
@@ -44,7 +44,7 @@ def test_reused_writer_id_does_not_overwrite_acknowledged_segments(tmp_path: Pat
         r.close()
 
 
-# regression (found in review): compaction reads segments without hive_partitioning=false, so
+# guards against: compaction reads segments without hive_partitioning=false, so
 # DuckDB auto-detects run_id/hour and writes them into the merged file; pyarrow (and Spark) then
 # refuse the dataset
 def test_compacted_dataset_stays_plain_hive_parquet(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_compacted_dataset_stays_plain_hive_parquet(tmp_path: Path) -> None:
     assert t.num_rows == 4
 
 
-# regression (found in review): compact() adds the merged segment to _seen although some of its
+# guards against: compact() adds the merged segment to _seen although some of its
 # sources were never rescanned: their steps are never summarised
 def test_compaction_of_segments_not_yet_rescanned_keeps_their_summaries(tmp_path: Path) -> None:
     a = ParquetStore(tmp_path / "d", writer_id="a")
@@ -75,7 +75,7 @@ def test_compaction_of_segments_not_yet_rescanned_keeps_their_summaries(tmp_path
         b.close()
 
 
-# regression (found in review): a read-only ParquetStore (goodlens dashboard/report --db
+# guards against: a read-only ParquetStore (goodlens dashboard/report --db
 # parquet:DIR) never rescans nor redefines its views: summaries stay as at open, and a table empty
 # at open (events) stays empty
 def test_read_only_reader_follows_a_live_dataset(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_read_only_reader_follows_a_live_dataset(tmp_path: Path) -> None:
         w.close()
 
 
-# regression (found in review): start_time in ns passes validation and the DuckDB store, but
+# guards against: start_time in ns passes validation and the DuckDB store, but
 # _hour_name() raises OSError: a 500 the exporter retries forever, blocking that rank's spill file
 def test_a_batch_the_duckdb_store_takes_is_stored_or_refused_as_invalid(tmp_path: Path) -> None:
     doc = step_batch("r", 0, [0, 1])
@@ -121,7 +121,7 @@ def _define_views_until(store: ParquetStore, cur: object, stop: threading.Event)
             pass
 
 
-# regression (found in review): the writer (self._con) and the summariser (its cursor) both CREATE
+# guards against: the writer (self._con) and the summariser (its cursor) both CREATE
 # OR REPLACE the views when the first segment appears: DuckDB raises a catalog write-write
 # conflict out of write_group after it stored
 def test_first_write_does_not_race_the_summariser_on_the_views() -> None:
@@ -148,7 +148,7 @@ def test_first_write_does_not_race_the_summariser_on_the_views() -> None:
     assert not failures, failures[0]
 
 
-# regression (found in review): _write_segment fsyncs only the leaf folder: a new run_id=/hour=
+# guards against: _write_segment fsyncs only the leaf folder: a new run_id=/hour=
 # directory's entry in its parent is not fsynced before the ack
 def test_new_partition_directories_are_durable_before_the_ack(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,7 +162,7 @@ def test_new_partition_directories_are_durable_before_the_ack(
     assert steps in synced and steps / "run_id=r" in synced
 
 
-# regression (found in review): _seen keeps every path ever seen, including segments compaction
+# guards against: _seen keeps every path ever seen, including segments compaction
 # removed: it grows without bound in a long-lived collector
 def test_seen_segments_do_not_outgrow_the_dataset(tmp_path: Path) -> None:
     s = ParquetStore(tmp_path / "d")
@@ -178,7 +178,7 @@ def test_seen_segments_do_not_outgrow_the_dataset(tmp_path: Path) -> None:
         s.close()
 
 
-# regression (found in review): compact() merges steps and events only; DIR/runs gets one segment
+# guards against: compact() merges steps and events only; DIR/runs gets one segment
 # per group commit carrying run metadata, forever
 def test_run_metadata_segments_are_compacted(tmp_path: Path) -> None:
     s = ParquetStore(tmp_path / "d")
@@ -189,7 +189,7 @@ def test_run_metadata_segments_are_compacted(tmp_path: Path) -> None:
     assert len(list((tmp_path / "d" / "runs").glob("*.parquet"))) < 10
 
 
-# regression (found in review): _import_into made dirname(abspath('parquet:DIR')): a stray
+# guards against: _import_into made dirname(abspath('parquet:DIR')): a stray
 # 'parquet:' directory tree in the working directory
 def test_import_into_a_parquet_dataset_creates_nothing_in_the_cwd(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +224,7 @@ def _slow_collector(delay_s: float) -> type:
     return Slow
 
 
-# regression (found in review): one upstream thread: a push arriving while a merged batch is
+# guards against: one upstream thread: a push arriving while a merged batch is
 # in flight waited for it and then for its own, so a slow collector made the relay answer
 # after the exporter's 5 s timeout (the exporter re-sends: duplicate upstream sends)
 @pytest.mark.parametrize("delay_s, ok", [(1.5, {200}), (3.0, {503, 504})])

@@ -1,10 +1,10 @@
 """When a page redraws, and whether the browser keeps the user's view (``app.redraw``).
 
-The case that made it a function: the zoom test failed beside two busy loops with the
-timeline still on the whole run (00:00-02:00) while the URL, the overview and the goodput
-graph had the zoomed window (00:29:55-00:59:45). A timer tick's request had superseded the
-window's, and its answer was drawn as a timer redraw that keeps the axes shown: the
-timeline's, drawn for no window. Keys here are written out by hand: ``[version, controls]``.
+The case it decides: a timer tick's request can supersede a control's (the browser drops
+the control's answer), and a tick that finds other controls than the ones shown must draw
+afresh; kept as a timer redraw, the axes stay those drawn for the old controls (a zoomed
+window shown everywhere but the timeline). Keys here are written out by hand:
+``[version, controls]``.
 """
 
 from __future__ import annotations

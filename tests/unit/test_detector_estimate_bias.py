@@ -1,9 +1,9 @@
 """The slowdown estimate is not pulled down by the subject's own weight in its siblings' median.
 
-A rank is scored against its host's median, and a host against its switch's. That median
-includes the subject: among 8 ranks with 2-3% noise a rank 2% slow moved it by ~0.2 points,
-so estimates read ~1.8% (10% low); a host among 4 lost 8-10%. The estimate is now the excess
-over the median of the *other* members. Checked here against a brute-force median of the
+A rank is scored against its host's median, and a host against its switch's. A median that
+includes the subject moves with it (among 8 ranks with 2-3% noise, a rank 2% slow would read
+~1.8%; a host among 4 would lose 8-10%), so the estimate is the excess over the median of
+the *other* members. Checked here against a brute-force median of the
 others written in the test, and on long planted traces whose truth is set by hand."""
 
 from __future__ import annotations
@@ -158,14 +158,13 @@ def test_job_slowdown_is_what_the_job_loses_whatever_the_collectives_share(share
 
 
 def test_a_creep_before_a_large_shift_does_not_dilute_the_estimate():
-    """4 ranks of 40 ms (2.5% noise each, a 1% jitter they share), 250 steps, like the
-    torchrun job beside two busy loops: rank 2 is 1% slow before step 100 (a rank sharing a
-    loaded core; the detector ignores ~1%, but with this noise its CUSUM wanders above zero
-    for tens of steps) and 28% slow from step 100. On each of 12 seeds the finding dates the
-    shift (first step 95-100) and its slowdown, the mean since that first step, reads 0.28
-    (by hand: 1.28 / 1 - 1) within 0.012. Averaged from where the wandering began (the main
-    CUSUM's start) it read 0.18-0.25 on 5 of these seeds; the job read 0.178 against its
-    clock's 0.267."""
+    """4 ranks of 40 ms (2.5% noise each, a 1% jitter they share), 250 steps, like a torchrun
+    job on a busy machine: rank 2 is 1% slow before step 100 (a rank sharing a busy core;
+    the detector ignores ~1%, but with this noise its CUSUM wanders above zero for tens of
+    steps) and 28% slow from step 100. On each of 12 seeds the finding dates the shift
+    (first step 95-100) and its slowdown, the mean since that first step, reads 0.28 (by
+    hand: 1.28 / 1 - 1) within 0.012; averaged from where the wandering began (the main
+    CUSUM's start) it would read well under."""
     for seed in range(12):
         rng = np.random.default_rng(seed)
         x = 0.040 * np.exp(0.025 * rng.standard_normal((250, 4)))

@@ -250,13 +250,11 @@ def test_its_cost_is_reported_as_it_grows_and_flush_ends_the_record_at_the_last_
 
 @pytest.mark.parametrize("seed", range(12))
 def test_a_large_shift_after_a_creep_is_dated_at_the_shift(seed):
-    """Rank 2 of 4 is 1.2% slow from step 40 (a rank on a loaded core, ~1% noise) and 30%
+    """Rank 2 of 4 is 1.2% slow from step 40 (a rank sharing a busy core, ~1% noise) and 30%
     slow from step 100. The finding is about the 30%: its onset is the shift (planted at
     100; within 5 steps), and its slowdown since then 0.30. At its first report the
     stricter CUSUM may have run too few steps to date it (seed 4: dated at step 56, read
-    5.1%); the first update dates it again, the ``id`` keeping the first report's step.
-    (Under load a torchrun job's finding stayed dated at step 72 for a shift at 100 and
-    read 0.24 for 0.30.)"""
+    5.1%); the first update dates it again, the ``id`` keeping the first report's step."""
     rng = np.random.default_rng(seed)
     x = 0.04 * np.exp(0.01 * rng.standard_normal((250, 4)))
     x[40:, 2] *= 1.012
@@ -379,7 +377,7 @@ def test_an_explicit_topology_map_rolls_ranks_up_to_their_switch():
             if f.status == "new"] == [("switch", "leaf-a", slow)]
 
 
-# ---------------------------------------------------------------- issue 15 failure modes
+# ---------------------------------------------------------------- subjects an operator acts on
 def topo128() -> Topology:
     """16 hosts of 8 ranks, 4 hosts behind each of 4 switches."""
     return Topology.from_hosts([f"node-{r // 8:04d}" for r in range(128)], nodes_per_switch=4)
@@ -552,9 +550,8 @@ def test_a_findings_last_report_has_its_job_slowdown_now_not_when_its_slowdown_l
     0.82, 0.84 and 0.90: the five ranks' median is 0.84 in both, so rank 4's slowdown does not
     move, but the job now waits for the 0.90 rank anyway. By hand: the job lost 0.09 s of a
     0.91 s step (0.0989), and loses 0.05 s of 0.95 s from step 60 (0.0526). The finding's last
-    report (and its current state) must say 0.0526 once the last 64 steps are the new ones;
-    its slowdown alone never moved 10%, so before, its last report kept 0.0989 (a restarted
-    HF job's finding read 0.408 against the job clock's 0.498 this way: docs/testing.md).
+    report (and its current state) must say 0.0526 once the last 64 steps are the new ones,
+    although its slowdown alone never moved 10% (an update only on that would keep 0.0989).
     The batch path reports the same."""
     x = np.vstack([_rotate([0.80, 0.82, 0.84, 0.86, 0.83], range(20), 5),
                    np.column_stack([_rotate([0.80, 0.82, 0.84, 0.86], range(20, 60), 4),

@@ -158,8 +158,8 @@ def test_saves_and_restores_are_recorded_around_the_real_calls(tmp_path) -> None
 
 def test_an_async_save_is_durable_when_its_thread_wrote_the_file(tmp_path) -> None:
     written: list[str] = []
-    # the background write waits until the blocking part was checked: unheld, a loaded
-    # machine let the thread write (and record durable) before the caller's blocking end
+    # the background write waits until the blocking part was checked: unheld, the thread
+    # may write (and record durable) before the caller's blocking end
     blocking_checked = threading.Event()
 
     class Inner:

@@ -1,4 +1,4 @@
-"""The summarising SQL is one text for DuckDB and Spark (issue #30): the two dialects differ
+"""The summarising SQL is one text for DuckDB and Spark: the two dialects differ
 only in the names :class:`goodlens.storage.schema.Dialect` lists, so an aggregate changed
 for one engine is changed for the other."""
 

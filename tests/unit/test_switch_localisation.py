@@ -1,5 +1,5 @@
 """A slow switch is named as itself (or one of its hosts), never as a sibling switch or a
-host outside it (issue #28, item 3).
+host outside it, whatever order the hosts got their ranks in and whatever their sizes.
 
 The traces come from a small generator written here, independent of the detector and of
 ``bench/_evalgen.py``: per rank and step, a base time times a shared per-step jitter (CV 3%)

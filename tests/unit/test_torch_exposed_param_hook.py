@@ -1,11 +1,10 @@
 """The ``exposed`` collective timing's hooks, in one process (world-1 gloo): registered once,
 and still splitting compute from the all-reduce wait.
 
-Why: the mode used to register a gradient hook on every forward's output (with the forward
-hook that did it, about 45 us of training-thread CPU per step); it now registers one
-post-accumulate-grad hook on a parameter DDP reduces when the model is wrapped. That is
-only right if the hook queues its callback before DDP queues its finalisation, as the
-output hook did. Here a communication hook of the test's own completes each all-reduce
+Why: the mode registers one post-accumulate-grad hook on a parameter DDP reduces, once,
+when the model is wrapped (a hook per forward costs tens of microseconds a step). That is
+only right if the hook queues its callback before DDP queues its finalisation. Here a
+communication hook of the test's own completes each all-reduce
 ``WAIT`` seconds after its launch (DDP's finalisation waits for it), and a layer sleeps
 ``COMPUTE`` seconds in its backward: the measured wait must be the all-reduce's delay,
 without the backward compute, for a plain model, a one-parameter model (DDP's own hook on

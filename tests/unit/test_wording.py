@@ -1,4 +1,4 @@
-"""How the analysis says things in words (issue #20): the measured interval advice
+"""How the analysis says things in words: the measured interval advice
 (``goodlens plan --db --run`` and the dashboard's checkpoints page) writes durations as the
 dashboard's cards do, and the what-if calibration's notes count in the singular for one.
 Every expectation is written out by hand.
@@ -24,12 +24,12 @@ def _measured(**kw) -> Measured:
     (dict(best_interval_s=67.457, interval_s=110.124, gain_points=1.1, gain_gpu_hours=0.0219),
      "checkpointing every 1m 07s instead of 1m 50s would have recovered 1.1 points of "
      "goodput, 0.02 GPU-hours"),
-    # 23 minutes against an hour (it used to read "23 min instead of 60 min"); 10 GPU-hours
-    # and more are written whole, with thousands separated
+    # 23 minutes against an hour, as the cards write them; 10 GPU-hours and more are
+    # written whole, with thousands separated
     (dict(best_interval_s=1380.0, interval_s=3600.0, gain_points=4.1, gain_gpu_hours=11000.4),
      "checkpointing every 23m 00s instead of 1h 00m would have recovered 4.1 points of "
      "goodput, 11,000 GPU-hours"),
-    # under a minute: tenths of a second (it used to read "45 s"); no gain: "changed"
+    # under a minute: tenths of a second; no gain: "changed"
     (dict(best_interval_s=45.0, interval_s=45.04, gain_points=0.0, gain_gpu_hours=0.0),
      "checkpointing every 45.0s instead of 45.0s would have changed 0.0 points of goodput, "
      "0.00 GPU-hours"),
@@ -90,7 +90,7 @@ def test_a_finding_row_reads_as_the_cli_and_the_ranks_page_show_it() -> None:
 
 
 def test_the_findings_table_names_both_slowdowns() -> None:
-    """The two slowdowns' headers say which is which (issue #28): the ready-time ratio as
+    """The two slowdowns' headers say which is which: the ready-time ratio as
     "slower to collective", the job-level loss as "job slowdown", side by side."""
     from goodlens.analysis.findings import FINDING_COLUMNS
     heads = [h for _, h in FINDING_COLUMNS]
