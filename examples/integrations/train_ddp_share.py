@@ -9,7 +9,7 @@ milliseconds at most, so this job plants the collective's time: ``--comm-ms X`` 
 every rank's all-reduce complete X ms after its transfer did (a communication hook waits
 on the transfer, then sleeps, off the training thread: the training thread is blocked in
 DDP's wait for it, as for a slow transfer; with X 0 the hook only times the all-reduce).
-``tests/e2e/test_slowdown_share.py`` runs it with the collective at 0%, 15% and 40% of the
+``tests/record/frameworks.py`` records it with the collective at 0%, 15% and 40% of the
 step and one rank slowed (``--slow-rank``):
 
     torchrun --standalone --nproc_per_node=3 examples/integrations/train_ddp_share.py \\

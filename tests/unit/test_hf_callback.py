@@ -2,7 +2,7 @@
 ``goodlens.exporter.hf.instrument`` records for a real ``Trainer`` with gradient
 accumulation, saves, evaluation and a resume, through a stand-in exporter.
 
-Why: the end-to-end test (tests/e2e/test_integration_hf.py) checks the accounting against
+Why: the recorded job (tests/integration/test_recorded_hf.py) checks the accounting against
 the job's clock, but a wrong step number, a save recorded with the wrong step, a restore
 outside the loads or an exception from goodlens reaching training are cheaper to pin here.
 """

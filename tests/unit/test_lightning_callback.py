@@ -3,7 +3,7 @@ optimizer step a batch belongs to, its data wait (summed over the micro-batches 
 accumulation), a fetch that found the end of the data, a failed step, and the save and
 restore wrappers' events (with ``AsyncCheckpointIO``, the durable end from its thread).
 
-Why: the end-to-end job (tests/e2e/test_integration_lightning.py) checks the sums against the
+Why: the recorded job (tests/integration/test_recorded_lightning.py) checks the sums against the
 job's clock; these check the hook-order logic those sums rest on, in milliseconds."""
 
 from __future__ import annotations

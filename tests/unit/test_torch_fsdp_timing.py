@@ -2,10 +2,10 @@
 all-gather and reduce-scatter count exactly the time the training thread is blocked, forward
 what FSDP2 asks of the communication object, and wrap an FSDP2 model once.
 
-Why: the e2e job (tests/e2e/test_integration_fsdp2.py) proves the numbers on real ranks;
-these pin down the mechanics that e2e noise would hide. The inner communication objects
-here are the test's own, blocking for a planted ``WAIT``; expected values are those
-planted delays, never goodlens's.
+Why: the recorded job (tests/integration/test_recorded_fsdp2.py) proves the numbers on
+real ranks; these pin down the mechanics a real job's noise would hide. The inner
+communication objects here are the test's own, blocking for a planted ``WAIT``; expected
+values are those planted delays, never goodlens's.
 """
 
 from __future__ import annotations
