@@ -19,7 +19,9 @@ standing for a node (``--nproc`` processes, gloo, c10d rendezvous on loopback,
    the dashboard.
 
 ``--dry-run``: a shorter run (steps 1 and 5 only) with ``--evict dry_run``: the job records
-the eviction it would have made and evicts nothing.
+the eviction it would have made and evicts nothing. ``--evict-only``: the eviction alone
+(steps 1, 4 and 5; the spare, ``node-d``, waiting from the first world on; ``node-b`` slow
+from the first steps), the shortest run in which the job acts on the collector's finding.
 
 The rendezvous store runs as its own small process (as a cluster runs etcd): hosted by an
 agent, it would die with that agent's node. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` makes
@@ -259,6 +261,38 @@ class Scenario:
         self.mark("straggler_replaced", node="node-b")
         return self._finish(["node-a", "node-d", "node-e"])
 
+    def run_evict(self) -> dict[str, Any]:
+        """Three nodes and a hot spare; node-b slow from the first steps, evicted, the spare
+        in its place. The spare's agent starts once the first world formed (so it cannot
+        take a place in it) and starts up while the workers do; the straggler is planted
+        once it waits in the rendezvous, so the eviction's new world is whole at once.
+        Every step sleeps ``PACE_S`` more until then: fewer of the job's steps are spent
+        before the straggler's onset."""
+        n = self.nproc
+        self.start_services()
+        (self.state / "pace").touch()
+        for node in ("node-a", "node-b", "node-c"):
+            self.agent(node)
+        self.wait(lambda: self._logged("node-a", "Rendezvous complete"), "the first world")
+        self.agent("node-d")
+        self.wait(lambda: self._logged("node-d", "Rendezvous'ing worker group")
+                  and self.steps_in(3 * n) >= 1, "the spare waiting, the first step")
+        time.sleep(1.0)  # its join follows that line at once: a margin for a loaded machine
+        (self.state / "pace").unlink()
+        (self.state / "slow-node-b").touch()
+        self.mark("straggler_planted", node="node-b")
+        swapped = {"node-a", "node-c", "node-d"}
+        self.wait(lambda: self.steps_in(3 * n, swapped) >= 1, "the spare replacing node-b")
+        self.mark("straggler_replaced", node="node-b")
+        return self._finish(["node-a", "node-c", "node-d"])
+
+    def _logged(self, name: str, text: str) -> bool:
+        """Whether ``name``'s log holds ``text`` (an agent's own account of its rendezvous)."""
+        try:
+            return text in (self.out / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return False
+
     def run_dry(self) -> dict[str, Any]:
         """Three nodes, one slow, eviction in dry-run: recorded, nothing evicted."""
         n = self.nproc
@@ -288,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=".goodlens/faults", help="folder for the store and logs")
     p.add_argument("--run-id", default="faults")
     p.add_argument("--dry-run", action="store_true", help="eviction in dry-run mode")
-    p.add_argument("--steps", type=int, default=0, help="default: 260 (dry run: 120)")
+    p.add_argument("--evict-only", action="store_true",
+                   help="the eviction alone: three nodes and a hot spare")
+    p.add_argument("--steps", type=int, default=0,
+                   help="default: 260 (dry run: 120, eviction alone: 200)")
     p.add_argument("--nproc", type=int, default=2, help="processes per node")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--store", type=int, default=0, help=argparse.SUPPRESS)
@@ -298,11 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    steps = args.steps or (120 if args.dry_run else 260)
+    steps = args.steps or (120 if args.dry_run else 200 if args.evict_only else 260)
     sc = Scenario(out, args.run_id, args.nproc, steps, "dry_run" if args.dry_run else "on",
                   args.timeout, extra)
     try:
-        summary = sc.run_dry() if args.dry_run else sc.run_full()
+        summary = (sc.run_dry() if args.dry_run else sc.run_evict() if args.evict_only
+                   else sc.run_full())
     finally:
         sc.stop()
     print(f"[scenario] done: {json.dumps(summary['exit_codes'])}")

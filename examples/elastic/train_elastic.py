@@ -60,6 +60,8 @@ EXIT_RESIZE = 3
 """Exit status of the ranks that stay after an eviction: their agents re-rendezvous."""
 PACE_S = 0.1
 """The extra step time of every rank while ``STATE/pace`` exists."""
+LR = 0.01
+"""Plain SGD's learning rate (:func:`sgd_step`)."""
 ENDED: list[bool] = []
 """Not empty once this process recorded its attempt's end."""
 
@@ -141,6 +143,17 @@ def all_reduce_grads(model: nn.Module) -> None:
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+def sgd_step(model: nn.Module, lr: float = LR) -> None:
+    """Plain SGD by hand (no state to checkpoint): ``torch.optim``'s first optimizer imports
+    ``torch._dynamo``, 1.3 s of CPU per process at every attempt's start-up, which on 2 cores
+    and 6 ranks put 4 s between each world's start and its first step."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+                p.grad = None
 
 
 def micro_batch(step: int, index: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,15 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                 accumulation=choice.accumulation, used=choice.replicas_used)
     model = make_model()  # the same initial weights on every rank (seeded)
     gl.instrument(model, exp)  # not DDP: records attempt_start only
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.MSELoss()
     start = 0
     if found is not None:
         step_done, path = found
-        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+        sd = {"model": model.state_dict()}
         gl.load_checkpoint(sd, path, exp, step=step_done)
         model.load_state_dict(sd["model"])
-        opt.load_state_dict(sd["optim"])
         truth.write("restore", step=step_done)
         start = step_done + 1
     client = None
@@ -275,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 (loss_fn(model(x), y) * scale).backward()
             with exp.phase("collective"):  # goodlens: time blocked in the all-reduce
                 all_reduce_grads(model)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            sgd_step(model)
             exp.count(samples=m * acc if active else 0)
         truth.write("step", step=step, t0=t0, t1=time.time(), world=world)
         evicted = gle.agreed_eviction(client, hosts) if args.evict != "off" else None
@@ -285,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             if evicted is not None and pending is not None and hasattr(pending, "result"):
                 pending.result()  # the last async save is durable before the final one
             pending = gl.save_checkpoint(
-                {"model": model.state_dict(), "optim": opt.state_dict()},
+                {"model": model.state_dict()},
                 state / "ckpt" / f"step_{step:06d}", exp, step,
                 async_=args.async_ckpt and evicted is None)
         if evicted is not None:
