@@ -6,6 +6,11 @@ Rank 1 sleeps ``DELAY`` before its backward in every step, so rank 0 waits about
 in the all-reduce; each mode must see it on rank 0 and not on rank 1. Ranks run in
 ``torch.multiprocessing`` processes of one test; expected values come from the planted
 delay, never from goodlens.
+
+A smoke test: the delay is planted big (0.3 s), so what a loaded machine adds to either
+rank's arrival (a rank queued for a core for a few ms) cannot move the claims. How close
+each mode's measured wait comes to a small, realistic delay (50 ms), quiet and beside busy
+loops, is measured by ``bench/accuracy.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from tests.harness import WaitSink as Sink
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
-DELAY = 0.05
-STEPS = 12
+DELAY = 0.3
+STEPS = 7   # the first 2 are start-up: 5 measured steps
 
 
 def worker(rank: int, port: int, mode: str, out: str) -> None:
@@ -88,7 +93,8 @@ def test_each_mode_sees_the_planted_wait_on_the_waiting_rank_only(mode, tmp_path
     other = sorted(got[f"{mode}1"][2:])
     assert len(waiting) == STEPS - 2
     med = waiting[len(waiting) // 2]
-    # rank 0 waited for rank 1's sleep: most of it, never much more (loaded machine: a
-    # wide upper margin); rank 1 hardly waited
+    # rank 0 waited for rank 1's sleep: most of it, never much more; rank 1 hardly waited,
+    # and rank 0's wait is the largest by far
     assert 0.7 * DELAY <= med <= DELAY + 0.1, waiting
     assert other[len(other) // 2] <= 0.3 * DELAY, other
+    assert other[len(other) // 2] <= 0.25 * med, (waiting, other)
