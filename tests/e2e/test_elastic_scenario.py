@@ -49,38 +49,10 @@ def worlds(truth: list[dict]) -> list[tuple]:
             if x["kind"] == "world" and x["rank"] == 0]
 
 
-def story(ev) -> list[str]:
-    """The job's and the detector's events as a story, in order; the detector's updates
-    about a node after it was evicted left out (its ranks step on until the new world
-    starts, and the detector may update its finding from those steps: true, and after
-    the decision)."""
-    out, gone = [], set()
-    for _, e in ev.sort_values(["time", "seq"]).iterrows():
-        key = None
-        if e.kind == "rank_evicted":
-            key = f"evicted:{e.host}:{e.cause}"
-            if e.cause == "straggler":
-                gone.add(e.host)
-        elif e.kind == "rank_joined":
-            key = f"joined:{e.host}"
-        elif e.kind == "world_resized":
-            key = f"resized:{int(e.world_size)}"
-        elif e.kind == "straggler_flagged":
-            f = json.loads(e.detail)
-            subject = f.get("host") or f["subject_id"]
-            if subject not in gone:
-                key = f"flagged:{subject}:{f['action']}"
-        elif e.kind == "attempt_end":
-            key = f"end:{e.cause}"
-        if key and (not out or out[-1] != key):
-            out.append(key)
-    return out
-
-
 def test_the_job_evicts_the_straggler_node_the_collector_names(tmp_path: Path) -> None:
     from goodlens.analysis.report import report_dict
     from goodlens.storage.store import Store
-    from tests.record.elastic import ELASTIC, elastic_args, scenario_module
+    from tests.record.elastic import ELASTIC, elastic_args, scenario_module, story
 
     mod = scenario_module()
     sc = mod.Scenario(tmp_path, "faults", nproc=ELASTIC["nproc"], steps=SMOKE_STEPS,

@@ -24,6 +24,7 @@ import pytest
 
 from goodlens.exporter.elastic import EvictionClient, EvictionPolicy
 from tests.jobclock import JobResult, buckets_sum_to_wall_clock
+from tests.record.elastic import story
 from tests.recorded import InProcessCollector, replay
 
 
@@ -197,33 +198,12 @@ def test_the_story_in_order(elastic):
     """The lost node, the spare joining, the replay's own finding about node-b, the recorded
     job's decision and the second spare, in the order of their instants. Attempts 1 and 2
     ended by a resize (a spare joined, a node evicted): dated, not inferred."""
-    ev = elastic.res.events.sort_values(["time", "seq"])
-    story, gone = [], set()
-    for _, e in ev.iterrows():
-        key = None
-        if e.kind == "failure" and e.attempt == 0:
-            key = "failure"
-        elif e.kind == "rank_evicted":
-            key = f"evicted:{e.host}:{e.cause}"
-            if e.cause == "straggler":
-                gone.add(e.host)
-        elif e.kind == "rank_joined":
-            key = f"joined:{e.host}"
-        elif e.kind == "world_resized":
-            key = f"resized:{int(e.world_size)}"
-        elif e.kind == "straggler_flagged":
-            f = json.loads(e.detail)
-            subject = f.get("host") or f["subject_id"]
-            if subject not in gone:
-                key = f"flagged:{subject}:{f['action']}"
-        elif e.kind == "attempt_end" and e.cause == "completed":
-            key = "completed"
-        if key and (not story or story[-1] != key):
-            story.append(key)
+    ev = elastic.res.events
+    got = story(ev, first_failure=True, ends="completed")
     expected = ["failure", "evicted:node-c:node_lost", "resized:4", "joined:node-d",
                 "resized:6", "flagged:node-b:evict", "evicted:node-b:straggler",
                 "joined:node-e", "resized:6", "completed"]
-    assert [s for s in story if s in expected] == expected, story
+    assert [s for s in got if s in expected] == expected, got
     ends = ev[(ev.kind == "attempt_end") & (ev.cause == "resized")]
     assert {1, 2} <= set(ends.attempt)
 

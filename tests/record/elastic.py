@@ -13,9 +13,11 @@ good rows.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from tests.e2e.framework_jobs import torchrun_ddp
 from tests.harness import ROOT, Collector
@@ -130,3 +132,36 @@ def hostile(tmp: Path) -> Capture:
         "rejected": rejected, "stored_by_run": stored,
         "rss": {"baseline": got.baseline, "high_water": got.peak},
         "elapsed_s": round(got.elapsed, 1)})
+
+
+def story(ev: Any, *, first_failure: bool = False, ends: str = "any") -> list[str]:
+    """A scenario's stored events (goodlens's and the job's) as a story, in the order of
+    their instants, repeats merged: evictions, joins, resizes, findings (a finding's
+    updates about a node after it was evicted left out: its ranks step on until the new
+    world starts, and the detector may update it from those steps, truly and after the
+    decision), attempt ends (``ends``: ``any`` as ``end:CAUSE``, ``completed`` as
+    ``completed`` alone) and, with ``first_failure``, attempt 0's failure."""
+    out: list[str] = []
+    gone: set[str] = set()
+    for _, e in ev.sort_values(["time", "seq"]).iterrows():
+        key = None
+        if e.kind == "failure" and first_failure and e.attempt == 0:
+            key = "failure"
+        elif e.kind == "rank_evicted":
+            key = f"evicted:{e.host}:{e.cause}"
+            if e.cause == "straggler":
+                gone.add(e.host)
+        elif e.kind == "rank_joined":
+            key = f"joined:{e.host}"
+        elif e.kind == "world_resized":
+            key = f"resized:{int(e.world_size)}"
+        elif e.kind == "straggler_flagged":
+            f = json.loads(e.detail)
+            subject = f.get("host") or f["subject_id"]
+            if subject not in gone:
+                key = f"flagged:{subject}:{f['action']}"
+        elif e.kind == "attempt_end" and (ends == "any" or e.cause == ends):
+            key = f"end:{e.cause}" if ends == "any" else str(e.cause)
+        if key and (not out or out[-1] != key):
+            out.append(key)
+    return out
