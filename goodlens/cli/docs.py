@@ -58,8 +58,11 @@ _STORES = [
 def cli_reference() -> str:
     """``docs/cli.md``: every command's ``--help``, in command order."""
     from goodlens.cli import main
-    root = click.Context(main, info_name="goodlens", terminal_width=WIDTH,
-                         max_content_width=WIDTH)
+    # the group's own context settings (its -h/--help), as a user's invocation gets them;
+    # subcommands' contexts inherit them from this one
+    root = click.Context(main, info_name="goodlens",
+                         **{**main.context_settings, "terminal_width": WIDTH,
+                            "max_content_width": WIDTH})
     pages = _commands(main, root)
     lines = ["# Command reference", "", _REGENERATE, "", *_STORES, ""]
     lines += [f"- [`{ctx.command_path}`](#{_anchor(ctx.command_path)})" for ctx, _ in pages]
