@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8470
 DB ?= .goodlens/demo.duckdb
-APT_PACKAGES := chromium chromium-driver prometheus default-jre-headless gdb
+APT_PACKAGES := chromium chromium-driver prometheus default-jre-headless
 
 SAMPLES := $(patsubst %/manifest.json,%,$(wildcard sample_data/*/manifest.json))
 
@@ -32,7 +32,6 @@ system-deps:
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
-	command -v gdb >/dev/null 2>&1 || missing="$$missing gdb"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
