@@ -344,12 +344,9 @@ def enter_text(br: Any, box: Any, text: str) -> None:
     browser ``br``) with ``text`` in one input event, as a paste does, then press Enter.
 
     Why not key by key: Dash 4.4's ``dcc.Input(debounce=True)`` puts the caret back, from a
-    ``setTimeout(0)`` set at each keystroke, where that keystroke left it. On a loaded
-    machine such a timer fired after later keys, and the rest went in at the old place: the
-    window picker read ``'201-01T00:07:0026-0'`` for ``'2026-01-01T00:07:00'`` (the caret
-    back at 2 after six keys) and ``'206-01-01T00:10:002'`` for ``'2026-01-01T00:10:00'``
-    (back at 2 after three), docs/testing.md. One input event leaves one such timer, and it
-    puts the caret at the end."""
+    ``setTimeout(0)`` set at each keystroke, where that keystroke left it; on a loaded
+    machine such a timer can fire after later keys, which then go in at the old place. One
+    input event leaves one such timer, and it puts the caret at the end."""
     br.driver.execute_script(_SET_TEXT, box, text)
     assert box.get_attribute("value") == text, (box.get_attribute("value"), text)
     box.send_keys("\n")

@@ -46,7 +46,7 @@ RESTART_PARTS = ("detection", "queue", "init", "restore", "warmup", "unattribute
 """``restart``: a failure (eviction, preemption, resize) to the next step."""
 #: Bumped whenever a bucket's meaning changes, so that a collector recomputes the reports it
 #: stored under an earlier one (2: the first attempt's start-up left ``restart`` for
-#: ``startup``, #28). Stored reports are keyed on the goodlens version and this.
+#: ``startup``). Stored reports are keyed on the goodlens version and this.
 ACCOUNTING_REVISION = 2
 #: Event kinds accounting reads (heartbeats, the most numerous, are not among them).
 ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FAILURE,

@@ -1,4 +1,4 @@
-"""A new user's rough edges of the `goodlens` command (issue #20), one test per point: the
+"""A new user's rough edges of the `goodlens` command, one test per point: the
 commands that need a run's rows work against a running collector (--url), --url errors and
 addresses, the checkpoint planner's prices, report windows, replay's options and clock,
 end-run's clock, option names in messages, one exit code for a missing store, simulate's
@@ -366,7 +366,7 @@ def test_make_reset_removes_the_demo_store_alone(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
 
 
-# 14-17: the command and the dashboard say the same things from one source (issue #20)
+# 14-17: the command and the dashboard say the same things from one source
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory: pytest.TempPathFactory) -> str:

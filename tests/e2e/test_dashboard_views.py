@@ -197,8 +197,8 @@ def test_comparing_runs_and_attempts(loaded: Collector, dash_br) -> None:
         option.click()
         dash_br.driver.find_element(By.TAG_NAME, "body").send_keys("\ue00c")  # Escape
         picked.append(item)
-        # the page took the pick (the URL mirrors the picker) before the next one: once, in
-        # clean clone 32, the table never came and nothing said what the picker held
+        # the page took the pick (the URL mirrors the picker) before the next one; a failure
+        # says what the picker held
         assert wait_until(lambda: _query(dash_br).get("runs") == ",".join(picked),
                           timeout=60), _compare_state(dash_br, label)
     assert wait_until(lambda: _attr(dash_br, "#cmp-2-wall") is not None,

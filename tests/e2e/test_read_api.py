@@ -99,8 +99,8 @@ def test_metrics_follow_the_conventions_and_carry_what_the_rules_read(tmp_path):
 def test_the_runs_list_is_paged_sorted_and_filtered_by_the_server(app_collector):
     # recent data: the runs must still be running when filtered by state below. Steps that
     # ended ~96 s ago are past the collector's 60 s hang floor, so its next detection pass
-    # (every 2 s) records them as hung and they read `failed`: under two busy loops that
-    # pass came before the query (clean clone 15, docs/testing.md)
+    # (every 2 s) records them as hung and they read `failed`, and under load that pass
+    # can come before the query
     t0 = time.time() - 10
     for i, run in enumerate(["run-c", "run-a", "job-b"]):
         _live_run(app_collector, run, t0 + i, steps=2 + i)

@@ -6,9 +6,8 @@ thread has the GIL. When the training thread has meanwhile dropped the model and
 the group (the end of a job, the end of a test), a callback holding the group frees it on
 that worker thread; ``~ProcessGroupGloo`` then joins its own thread and the process aborts
 ("terminate called after throwing an instance of 'std::system_error' / Resource deadlock
-avoided", and faulthandler's "Current thread: <no Python frame>"). That killed a pytest
-worker of ``make test`` (clean clone 5, docs/testing.md) in the test after the hook-mode DDP
-test, and would kill a training process at its exit, which torchrun reports as a failure.
+avoided", and faulthandler's "Current thread: <no Python frame>"): a pytest worker, or a
+training process at its exit, which torchrun reports as a failure.
 
 The script below, rank 0 of a two-rank gloo job, holds the worker thread inside the
 callback (the exporter's ``add_wait`` blocks) while the training thread drops every

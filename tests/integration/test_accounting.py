@@ -135,7 +135,7 @@ def test_failure_with_events_splits_restart_into_its_parts(store):
 
 
 def test_the_first_start_up_is_startup_and_restart_runs_from_the_failure(store):
-    """The issue's case (goodlens #28): a long first start-up, a crash, a long re-init. The
+    """A long first start-up, a crash, a long re-init. The
     first start-up is ``startup``; ``restart`` is the crash to the next step (plus that
     step's warm-up), what the job's own clock calls the cost of the failure."""
     run = Run(store, ranks=4)

@@ -596,8 +596,8 @@ def test_the_findings_table_shows_both_slowdowns_with_their_meaning() -> None:
 
 def test_the_hosts_table_puts_a_host_behind_the_switch_its_findings_name():
     """With ``nodes_per_switch``, a host's switch comes from the natural order of host
-    names (the detector's rule, #28), not from the order the hosts were given ranks in:
-    hosts given ranks as node-10, node-2, node-11, node-1, two per switch, sit behind
+    names (the detector's rule, docs/detectors.md), not from the order the hosts were given
+    ranks in: hosts given ranks as node-10, node-2, node-11, node-1, two per switch, sit behind
     switches 1, 0, 1, 0 (node-1 and node-2 on 0, node-10 and node-11 on 1)."""
     hosts = pd.DataFrame({"host": ["node-10", "node-2", "node-11", "node-1"],
                           "mean": [1.0, 1.0, 1.1, 1.0], "worst_rank_mean": [1.0] * 4})

@@ -1,4 +1,4 @@
-"""Spark in local mode against DuckDB (issue #30): the per-step summaries and the fleet table.
+"""Spark in local mode against DuckDB: the per-step summaries and the fleet table.
 
 What must hold:
 - Summaries: the summarising step (raw step rows to per-step summaries, each key counted
@@ -407,8 +407,7 @@ JOBS = ("llama-8b", "llama-70b", "mixtral-8x7b", "gpt-neox-20b", "t5-xxl", "vit-
         "bert-large")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 SPAN_S = 42 * 86_400.0  # six weeks of runs
-RUNS = 300  # 49 groups of the example query hold 3 to 8 runs each; 1,000 until
-#           2026-12-07 (twice the accounting's 12 s and the summaries' writes: docs/testing.md)
+RUNS = 300  # 49 groups of the example query hold 3 to 8 runs each
 AT = T0 + SPAN_S + 86_400.0  # runs still in progress are accounted up to here
 
 
