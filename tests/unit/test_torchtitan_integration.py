@@ -3,7 +3,7 @@ torchtitan 0.3.0's trainer, without torchtitan installed.
 
 Why a stand-in: CI does not install torchtitan (it needs triton, and on torch 2.13 CPU it
 trains only through a shim; docs/torchtitan-cpu.md). The stand-in below copies the
-parts of torchtitan 0.3.0 the integration relies on, as the findings describe them:
+parts of torchtitan 0.3.0 the integration relies on, as its source has them:
 ``Configurable`` (a class declaring a nested ``Config`` becomes what ``Config.build()``
 constructs), ``Trainer.train()``'s call order (``checkpointer.load``, ``batch_generator``
 once, then per iteration ``step += 1``, ``train_step``, ``checkpointer.save(step,
