@@ -123,10 +123,10 @@ def replay(name: str, tmp_path: Path, *, window_s: float = 2.0, tail_s: float = 
     """Replay recording ``name`` into a new store under ``tmp_path`` (see the module's
     docstring) and read back what goodlens made of it: the stored steps and events (its
     findings included), ``/v1/report``, ``/v1/actions``, ``/v1/runs/RUN`` and the job's
-    clock. ``tail_s``: detection passes
-    go on that long past the last row, as a live collector's do while a hung job sends
-    nothing. ``each_pass(collector, now)`` runs after every detection pass (``now``: its
-    recorded instant): what a job polling the live collector (``/v1/actions``) saw then."""
+    clock. ``tail_s``: detection passes go on that long past the last row, as a live
+    collector's do while a hung job sends nothing. ``each_pass(collector, now)`` runs after
+    every detection pass (``now``: its recorded instant): what a job polling the live
+    collector (``/v1/actions``) saw then."""
     rec = load(name)
     run_id = rec.run_id
     steps = rec.tables["steps"].drop_columns(["run_id"])
@@ -158,9 +158,10 @@ def replay(name: str, tmp_path: Path, *, window_s: float = 2.0, tail_s: float = 
             if "events" in doc or "steps" in doc or k == 0:
                 col.push(doc)
             col.sync()
-            col.detection.poll_once(now=t0 + (k + 1) * window_s)
+            now = t0 + (k + 1) * window_s
+            col.detection.poll_once(now=now)
             if each_pass is not None:
-                each_pass(col, t0 + (k + 1) * window_s)
+                each_pass(col, now)
         col.sync(detect=True)
         return JobResult(col.db, run_id, rec.truth, job=rec.job,
                          report=col.get("/v1/report", run=run_id),
