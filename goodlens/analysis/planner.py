@@ -1,4 +1,5 @@
-"""Planners: the best checkpoint interval (one tier or two), elastic shrink and hot spares.
+"""Planners: the best checkpoint interval (one tier or two), elastic shrink, hot spares and
+per-step fault tolerance.
 
 Why it exists: users ask how often to checkpoint and whether to shrink, wait for a spare or
 restart when nodes die, and want numbers rather than rules of thumb. These are first-order
@@ -15,21 +16,31 @@ failure; the first start-up, ``startup``, is paid once whatever the interval), e
 loses R + dt/2 and each interval pays C, so goodput(dt) = (1 - (R + dt/2)/M) / (1 + C/dt).
 Setting the derivative to zero gives dt* = sqrt(C^2 + 2 C (M - R)) - C; :func:`interval_plan`
 finds it numerically (golden section) and reports Young's and Daly's intervals beside it.
+
+Elastic policies (:func:`elastic_plan` with ``mtbf_s``): restart, shrink, spares and per-step
+fault tolerance side by side, each failure's lost wall-clock and GPU-hours and the goodput in
+three views (wall-clock, GPU-time, samples); :func:`per_step_goodput` is the per-step
+policy's first-order form, the simulator's too
+(:func:`goodlens.analysis.runsim.montecarlo.first_order_per_step`), and
+:func:`measured_per_step` reads its inputs from a torchft run's report.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from goodlens.analysis.runsim.montecarlo import daly_interval_s, young_interval_s
 from goodlens.model.elastic import choose_batch
 from goodlens.model.units import require_number
 
 DAY = 86400.0
-__all__ = ["ElasticPlan", "IntervalPlan", "SparesPlan", "TieredPlan", "elastic_plan",
-           "interval_plan", "spares_plan", "tiered_goodput", "tiered_plan"]
+__all__ = ["ElasticPlan", "IntervalPlan", "MeasuredPerStep", "PolicyOutlook", "SparesPlan",
+           "TieredPlan", "elastic_plan", "interval_plan", "measured_per_step",
+           "per_step_goodput", "spares_plan", "tiered_goodput", "tiered_plan"]
 
 
 def _num(fn: str, name: str, v: object, *, zero_ok: bool = False, integer: bool = False,
@@ -205,6 +216,135 @@ def tiered_plan(memory_stall_s: float, durable_stall_s: float, mtbf_s: float,
 
 
 @dataclass(frozen=True)
+class PolicyOutlook:
+    """One elastic policy under repeated failures, to first order."""
+
+    lost_s_per_failure: float
+    """Wall-clock the whole job loses per failure (every GPU idle or redoing work)."""
+    lost_gpu_hours_per_failure: float
+    """GPU-hours lost per failure: the job's lost wall-clock x its GPUs, plus the capacity
+    it ran without (shrunk, or a replica group out) x the GPUs missing."""
+    goodput: float
+    """Productive share of wall-clock."""
+    gpu_time_goodput: float
+    """Productive GPU-seconds over allocated ones (spares included)."""
+    sample_goodput: float
+    """Samples committed over what the full world commits in the same wall-clock."""
+
+
+def _poisson_cdf(k: int, mu: float) -> float:
+    """P(Poisson(mu) <= k) (0 for k < 0)."""
+    return min(1.0, sum(math.exp(-mu) * mu ** i / math.factorial(i) for i in range(k + 1)))
+
+
+def per_step_goodput(*, mtbf_s: float, step_s: float, replica_groups: int, quorum_s: float,
+                     detect_s: float, group_restart_s: float, heal_s: float,
+                     restart_loss_s: float, min_replicas: int = 1, spare_groups: int = 0,
+                     groups_hit: int = 1, checkpoint_overhead: float = 0.0,
+                     wait_s: float = 0.0, startup_share: float = 0.0) -> dict[str, float]:
+    """First-order goodput of per-step fault tolerance (torchft): R = ``replica_groups``
+    groups, each with its own local batch, a failure taking out ``groups_hit`` of them.
+
+    A group up fails at lam/R (lam = 1/``mtbf_s``, the full job's rate) and is out for
+    out = detection + restart + heal + d/2 + q: restart is ``group_restart_s`` unless a
+    spare group is free (probability P(Poisson(lam group_restart_s) <= spares - hit): each
+    covered failure keeps a spare busy that long), then the step in flight before its
+    admission (d = ``step_s`` + ``wait_s``, half on average) and the admission's quorum
+    q. Groups are out independently, each with probability pi = rho / (1 + rho), rho =
+    lam out / R, so failures strike at lam (1 - pi), and a share p_fb of them leave fewer
+    than ``min_replicas`` groups up and restart the job (each state of the Binomial(R, pi)
+    count out weighted by the groups up in it), losing ``restart_loss_s``.
+
+    A failure the job goes on through costs it the discarded step d and two quorum
+    changes (drop, admission). goodput = (1 - lam (1 - pi) ((1 - p_fb) (d + 2q) + p_fb
+    L_restart) - ``startup_share``) / (1 + ``checkpoint_overhead``) x step/d. The job runs
+    short from the drop's quorum to the admission, short = out - d/2 - 2q, with
+    ``groups_hit``/R of the samples missing: sample goodput = goodput (1 - lam (1 - pi)
+    (1 - p_fb) short groups_hit / R); GPU-time goodput = sample goodput x R / (R + spares).
+    Returns those three, ``failures_per_s``, ``restart_share`` (p_fb), ``lost_s_per_failure``
+    (the job's, on average), ``short_s``, ``p_spare_free``."""
+    fn = "per_step_goodput"
+    _num(fn, "mtbf_s", mtbf_s)
+    _num(fn, "step_s", step_s)
+    _num(fn, "replica_groups", replica_groups, integer=True)
+    if replica_groups < 2:
+        raise ValueError(f"{fn}: replica_groups must be >= 2 (got {replica_groups!r})")
+    _num(fn, "min_replicas", min_replicas, integer=True,
+         upper=("replica_groups", replica_groups))
+    _num(fn, "groups_hit", groups_hit, integer=True,
+         upper=("replica_groups + 1", replica_groups + 1))
+    _num(fn, "spare_groups", spare_groups, zero_ok=True, integer=True)
+    for name, v in (("quorum_s", quorum_s), ("detect_s", detect_s),
+                    ("group_restart_s", group_restart_s), ("heal_s", heal_s),
+                    ("restart_loss_s", restart_loss_s), ("wait_s", wait_s),
+                    ("checkpoint_overhead", checkpoint_overhead),
+                    ("startup_share", startup_share)):
+        _num(fn, name, v, zero_ok=True)
+    R, q, kg = replica_groups, quorum_s, groups_hit
+    d = step_s + wait_s
+    lam = 1 / mtbf_s
+    p_spare = _poisson_cdf(spare_groups - kg, lam * group_restart_s)
+    out = detect_s + (1 - p_spare) * group_restart_s + heal_s + d / 2 + q
+    rho = lam * out / R
+    pi = rho / (1 + rho)
+    # groups out ~ Binomial(R, pi); a failure in state k comes from the R - k groups up
+    pk = [math.comb(R, k) * pi ** k * (1 - pi) ** (R - k) for k in range(R + 1)]
+    up = sum(pk[k] * (R - k) for k in range(R))
+    p_fb = sum(pk[k] * (R - k) for k in range(max(0, R - min_replicas - kg + 1), R)) / up
+    lam *= 1 - pi
+    lost = (1 - p_fb) * (d + 2 * q) + p_fb * restart_loss_s
+    goodput = (1 - lam * lost - startup_share) / (1 + checkpoint_overhead) * step_s / d
+    short = max(0.0, out - d / 2 - 2 * q)
+    sample = goodput * (1 - lam * (1 - p_fb) * short * kg / R)
+    return {"goodput": goodput, "sample_goodput": sample,
+            "gpu_time_goodput": sample * R / (R + spare_groups), "failures_per_s": lam,
+            "restart_share": p_fb, "lost_s_per_failure": lost, "short_s": short,
+            "p_spare_free": p_spare}
+
+
+def _policies(nodes: int, lost: int, gpus_per_node: int, frac: float, mtbf_s: float,
+              step_s: float, detect_s: float, interval_s: float, checkpoint_cost_s: float,
+              restart_s: float, spare_swap_s: float, reconfig_s: float, repair_s: float,
+              spares: int, replica_groups: int | None, min_replicas: int, quorum_s: float,
+              group_restart_s: float, heal_s: float,
+              spare_groups: int) -> dict[str, PolicyOutlook]:
+    """Each policy's :class:`PolicyOutlook` (rules in :func:`elastic_plan`)."""
+    gpus, over = nodes * gpus_per_node, checkpoint_cost_s / interval_s
+    # every restart-based policy detects, then redoes half an interval and the partial step
+    redo = detect_s + interval_s / 2 + step_s / 2
+
+    def outlook(lost_s: float, capacity_s: float, spare_nodes: int) -> PolicyOutlook:
+        # capacity_s: seconds of the full world's capacity missing per failure
+        g = (1 - lost_s / mtbf_s) / (1 + over)
+        sample = g * (1 - capacity_s / mtbf_s)
+        return PolicyOutlook(lost_s, (lost_s + capacity_s) * gpus / 3600.0, g,
+                             sample * nodes / (nodes + spare_nodes), sample)
+    out = {"restart": outlook(redo + restart_s, 0.0, 0)}
+    grow = reconfig_s if repair_s < mtbf_s else 0.0
+    out["shrink"] = outlook(redo + reconfig_s + grow, (1 - frac) * min(repair_s, mtbf_s), 0)
+    if spares >= lost:
+        p = _poisson_cdf(spares - lost, repair_s / mtbf_s * lost)
+        out["spares"] = outlook(redo + p * spare_swap_s + (1 - p) * restart_s, 0.0, spares)
+    if replica_groups:
+        if nodes % replica_groups:
+            raise ValueError(f"elastic_plan: replica_groups must divide nodes ({nodes} % "
+                             f"{replica_groups} != 0)")
+        g_nodes = nodes // replica_groups
+        hit = min(replica_groups, -(-lost // g_nodes))
+        ps = per_step_goodput(
+            mtbf_s=mtbf_s, step_s=step_s, replica_groups=replica_groups, quorum_s=quorum_s,
+            detect_s=detect_s, group_restart_s=group_restart_s, heal_s=heal_s,
+            restart_loss_s=redo + restart_s, min_replicas=min_replicas,
+            spare_groups=spare_groups, groups_hit=hit, checkpoint_overhead=over)
+        short_gpu_h = ps["short_s"] * (1 - ps["restart_share"]) * hit * g_nodes \
+            * gpus_per_node / 3600.0
+        out["per_step"] = PolicyOutlook(
+            ps["lost_s_per_failure"], ps["lost_s_per_failure"] * gpus / 3600.0 + short_gpu_h,
+            ps["goodput"], ps["gpu_time_goodput"], ps["sample_goodput"])
+    return out
+
+
+@dataclass(frozen=True)
 class ElasticPlan:
     """What to do when ``lost`` of ``nodes`` nodes die: shrink, wait for a spare, restart."""
 
@@ -235,6 +375,11 @@ class ElasticPlan:
     lost_gpu_hours: dict[str, float]
     """Expected lost GPU-hours over the horizon: ``shrink``, ``spare``, ``restart``."""
     recommendation: str
+    policies: dict[str, PolicyOutlook] = field(default_factory=dict)
+    """With ``mtbf_s``: ``restart``, ``shrink``, ``spares`` (with spare nodes) and
+    ``per_step`` (with replica groups) under repeated failures of ``lost`` nodes."""
+    best_policy: str | None = None
+    """The policy of ``policies`` with the highest GPU-time goodput (what the GPUs bought)."""
 
 
 def elastic_plan(nodes: int, lost: int, micro_batch: int, global_batch: int, *,
@@ -242,7 +387,12 @@ def elastic_plan(nodes: int, lost: int, micro_batch: int, global_batch: int, *,
                  max_micro_per_rank: int | None = None, restart_s: float = 900.0,
                  spare_swap_s: float = 300.0, reconfig_s: float = 120.0,
                  repair_s: float = 4 * 3600.0, horizon_s: float | None = None,
-                 spare_available: bool = True, allow_inexact: bool = False) -> ElasticPlan:
+                 spare_available: bool = True, allow_inexact: bool = False,
+                 mtbf_s: float | None = None, step_s: float = 10.0, detect_s: float = 60.0,
+                 interval_s: float = 1800.0, checkpoint_cost_s: float = 0.0, spares: int = 0,
+                 replica_groups: int | None = None, min_replicas: int = 1,
+                 quorum_s: float = 5.0, group_restart_s: float = 300.0, heal_s: float = 2.0,
+                 spare_groups: int = 0) -> ElasticPlan:
     """Shrink to ``nodes - lost`` (gradient accumulation keeping ``global_batch`` samples per
     step of ``micro_batch`` per replica; ``model_parallel`` ranks a replica, at most
     ``max_micro_per_rank`` samples a micro-batch, default ``micro_batch``), against waiting
@@ -252,7 +402,20 @@ def elastic_plan(nodes: int, lost: int, micro_batch: int, global_batch: int, *,
     GPUs: restart and spare lose their downtime x all GPUs; shrink loses ``reconfig_s`` (plus
     another to grow back when the nodes return within the horizon) x all GPUs, and
     (1 - throughput fraction) x all GPUs for the rest of the repair. Work since the last
-    checkpoint and detection are lost in every option and left out."""
+    checkpoint and detection are lost in every option and left out.
+
+    With ``mtbf_s`` (the whole job's MTBF, each failure losing ``lost`` nodes), also
+    ``policies``: restart, shrink, spares (with ``spares`` >= ``lost`` hot spare nodes) and
+    per-step fault tolerance (with ``replica_groups``), to first order. Every restart-based
+    policy loses detection (``detect_s``), half a checkpoint interval (``interval_s``) and
+    half a step (``step_s``) of work, plus its relaunch: ``restart_s``; ``spare_swap_s``
+    when a spare is free (P(Poisson(lost repair_s / mtbf_s) <= spares - lost)), else
+    ``restart_s``; ``reconfig_s`` to shrink and again to grow back, the world running at the
+    throughput fraction for ``repair_s``. The per-step policy is :func:`per_step_goodput`
+    (the failed groups restart and heal while the others go on; ``spare_groups`` hot spare
+    groups). goodput = (1 - lost/M) / (1 + C/dt) with C = ``checkpoint_cost_s`` and dt =
+    ``interval_s``; samples lose the missing capacity's share; GPU-time divides by the
+    allocated GPUs, spares included."""
     fn = "elastic_plan"
     for name, v in (("nodes", nodes), ("micro_batch", micro_batch),
                     ("global_batch", global_batch), ("gpus_per_node", gpus_per_node),
@@ -296,8 +459,98 @@ def elastic_plan(nodes: int, lost: int, micro_batch: int, global_batch: int, *,
     if not spare_available:
         lost_h.pop("spare")
     rec = min(lost_h, key=lambda k: (lost_h[k], ["spare", "restart", "shrink"].index(k)))
+    policies: dict[str, PolicyOutlook] = {}
+    best = None
+    if mtbf_s is not None:
+        _num(fn, "mtbf_s", mtbf_s)
+        _num(fn, "step_s", step_s)
+        _num(fn, "interval_s", interval_s)
+        for name, v in (("detect_s", detect_s), ("checkpoint_cost_s", checkpoint_cost_s),
+                        ("quorum_s", quorum_s), ("group_restart_s", group_restart_s),
+                        ("heal_s", heal_s)):
+            _num(fn, name, v, zero_ok=True)
+        _num(fn, "spares", spares, zero_ok=True, integer=True)
+        _num(fn, "spare_groups", spare_groups, zero_ok=True, integer=True)
+        if replica_groups is not None:
+            _num(fn, "replica_groups", replica_groups, integer=True)
+        policies = _policies(nodes, lost, gpus_per_node, frac, mtbf_s, step_s, detect_s,
+                             interval_s, checkpoint_cost_s, restart_s, spare_swap_s,
+                             reconfig_s, repair_s, spares if spare_available else 0,
+                             replica_groups, min_replicas, quorum_s, group_restart_s, heal_s,
+                             spare_groups)
+        best = max(policies, key=lambda k: policies[k].gpu_time_goodput)
     return ElasticPlan(nodes, lost, dp0, dp1, dp_used, m, acc, b1, exact, reason,
-                       closest_batch, frac, step_factor, lost_h, rec)
+                       closest_batch, frac, step_factor, lost_h, rec, policies, best)
+
+
+# --------------------------------------------------------------------------- measured per-step
+
+
+@dataclass(frozen=True)
+class MeasuredPerStep:
+    """Per-step fault tolerance's costs as a torchft run measured them (None: not known)."""
+
+    heals: int
+    heal_s: float | None
+    """Median seconds of a heal."""
+    heal_bandwidth_Bps: float | None
+    """Bytes over seconds of the heals that say both (bytes/s)."""
+    quorum_changes: int
+    quorum_s: float | None
+    """Blocked quorum seconds per membership change (the run's total over its changes)."""
+    failures: int
+    """Recoveries: a group's restarts (each a failure the job went on through)."""
+    failures_per_hour: float | None
+    mtbf_s: float | None
+    """Wall-clock over failures."""
+    detect_s: float | None
+    """Median failure to detection, over the recoveries that say both."""
+    group_restart_s: float | None
+    """Median detection to the heal's start (restart and init), where both are known."""
+
+
+def _med(xs: list[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def measured_per_step(ft: Mapping[str, Any], wall_clock_s: float | None = None
+                      ) -> MeasuredPerStep:
+    """A torchft run's per-step costs from its report's ``fault_tolerance`` section: ``heals``
+    (``seconds``, ``bytes``, or ``start``/``end``), ``recoveries`` (epoch seconds
+    ``failure``, ``detected``, ``restarted``, ``heal_start``, ...; missing ones are None),
+    ``quorum_s`` (total blocked seconds) and ``quorum_changes``. The failure rate is
+    recoveries over ``wall_clock_s`` (the report's; default: the span of the groups'
+    ``allocated_from``/``allocated_to``). Missing inputs give None, never a guess."""
+    def seconds(h: Mapping[str, Any]) -> float | None:
+        v = h.get("seconds")
+        if v is None and h.get("start") is not None and h.get("end") is not None:
+            v = float(h["end"]) - float(h["start"])
+        return None if v is None else float(v)
+    heals = list(ft.get("heals") or [])
+    hs = [x for x in (seconds(h) for h in heals) if x is not None]
+    sized = [(float(h["bytes"]), seconds(h)) for h in heals if h.get("bytes") is not None]
+    timed = [(b, t) for b, t in sized if t is not None and t > 0]
+    bw = sum(b for b, _ in timed) / sum(t for _, t in timed) if timed else None
+    changes = int(ft.get("quorum_changes") or 0)
+    q = ft.get("quorum_s")
+    quorum = float(q) / changes if changes and q is not None else None
+    recs = list(ft.get("recoveries") or [])
+
+    def gaps(a: str, b: str) -> list[float]:
+        return [float(r[b]) - float(r[a]) for r in recs
+                if r.get(a) is not None and r.get(b) is not None]
+    wall = wall_clock_s
+    if wall is None:
+        spans = [(g.get("allocated_from"), g.get("allocated_to"))
+                 for g in ft.get("groups") or []]
+        known = [(float(a), float(b)) for a, b in spans if a is not None and b is not None]
+        wall = (max(b for _, b in known) - min(a for a, _ in known)) if known else None
+    n = len(recs)
+    rate = n / (wall / 3600.0) if wall and wall > 0 else None
+    return MeasuredPerStep(len(heals), _med(hs), bw, changes, quorum, n, rate,
+                           (wall / n) if wall and n else None,
+                           _med(gaps("failure", "detected")),
+                           _med(gaps("detected", "heal_start")))
 
 
 # --------------------------------------------------------------------------- spares

@@ -41,7 +41,11 @@ _OPTIONS = {
     "micro_batch": "--micro-batch", "global_batch": "--global-batch",
     "max_micro_per_rank": "--max-micro", "gpus_per_node": "--gpus-per-node",
     "repair_s": "--repair", "horizon_s": "--repair", "node_mtbf_s": "--node-mtbf",
-    "swap_s": "--swap"}
+    "swap_s": "--swap", "spare_swap_s": "--swap", "restart_s": "--restart-cost",
+    "reconfig_s": "--reconfig", "step_s": "--step", "detect_s": "--detect",
+    "spares": "--spares", "replica_groups": "--replica-groups",
+    "min_replicas": "--min-replicas", "quorum_s": "--quorum", "heal_s": "--heal",
+    "group_restart_s": "--group-restart", "spare_groups": "--spare-groups"}
 
 
 def _fail(exc: ValueError) -> NoReturn:
@@ -192,34 +196,146 @@ def plan_checkpoint(params: float, optimizer: str, gpus: int, writers: int | Non
 
 @plan.command("elastic")
 @click.option("--nodes", type=int, required=True, help="Nodes in the job.")
-@click.option("--lost", type=int, required=True, help="Nodes lost.")
+@click.option("--lost", type=int, required=True, help="Nodes lost (per failure).")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True)
 @click.option("--micro-batch", type=int, required=True, help="Micro-batch per replica.")
 @click.option("--global-batch", type=int, required=True, help="Global batch (samples).")
 @click.option("--max-micro", type=int, help="Largest micro-batch a replica can hold.")
 @click.option("--repair", type=Duration(), default="4h", show_default=True,
               help="Time until the lost nodes are back.")
+@click.option("--mtbf", type=Duration(),
+              help="The whole job's MTBF: compare restart, shrink, spares and per-step "
+                   "fault tolerance under repeated failures (measured with --run).")
+@click.option("--step", type=Duration(), default="10s", show_default=True,
+              help="Step time of the full world.")
+@click.option("--detect", type=Duration(), default="60s", show_default=True,
+              help="Failure to detection (measured with --run).")
+@click.option("--interval", type=Duration(), default="30m", show_default=True,
+              help="Checkpoint interval (restart-based policies redo half of it).")
+@click.option("--checkpoint-cost", type=Duration(), default="0s", show_default=True,
+              help="Training stall of one checkpoint.")
+@click.option("--restart-cost", type=Duration(), default="15m", show_default=True,
+              help="A full restart: queue, init, restore, warm-up.")
+@click.option("--swap", type=Duration(), default="5m", show_default=True,
+              help="A restart with a hot spare node swapped in.")
+@click.option("--reconfig", type=Duration(), default="2m", show_default=True,
+              help="Shrink (or grow back) reconfiguration.")
+@click.option("--spares", type=int, default=0, show_default=True,
+              help="Hot spare nodes (the spares policy is compared when >= --lost).")
+@click.option("--replica-groups", type=int,
+              help="Per-step fault tolerance (torchft): replica groups (measured with --run).")
+@click.option("--min-replicas", type=int, default=1, show_default=True,
+              help="Per-step: fewest groups that go on training.")
+@click.option("--quorum", type=Duration(), default="5s", show_default=True,
+              help="Per-step: blocked time of one quorum change (measured with --run).")
+@click.option("--group-restart", type=Duration(), default="5m", show_default=True,
+              help="Per-step: a failed group's detection to ready to heal (measured with "
+                   "--run).")
+@click.option("--heal", type=Duration(), default="2s", show_default=True,
+              help="Per-step: one heal from a peer (measured with --run).")
+@click.option("--spare-groups", type=int, default=0, show_default=True,
+              help="Per-step: hot spare replica groups.")
+@click.option("--db", "--store", "db", type=StoreSpec(exists=True),
+              help="Measured mode: the store holding --run (a torchft run).")
+@click.option("--url", type=CollectorUrl(), help="Measured mode: a collector holding --run.")
+@token_options("token for --url")
+@click.option("--run", "run_id",
+              help="Measured mode: take heal time, quorum cost, detection, group restart, "
+                   "replica groups and the MTBF from this torchft run's report.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
-def plan_elastic(nodes: int, lost: int, gpus_per_node: int, micro_batch: int,
-                 global_batch: int, max_micro: int | None, repair: float,
-                 as_json: bool) -> None:
+@click.pass_context
+def plan_elastic(ctx: click.Context, nodes: int, lost: int, gpus_per_node: int,
+                 micro_batch: int, global_batch: int, max_micro: int | None, repair: float,
+                 mtbf: float | None, step: float, detect: float, interval: float,
+                 checkpoint_cost: float, restart_cost: float, swap: float, reconfig: float,
+                 spares: int, replica_groups: int | None, min_replicas: int, quorum: float,
+                 group_restart: float, heal: float, spare_groups: int, db: str | None,
+                 url: str | None, token: str | None, token_file: str | None,
+                 run_id: str | None, as_json: bool) -> None:
     """When k of N nodes are lost: the gradient accumulation that keeps the global batch,
-    throughput on N-k, against waiting for a hot spare and a full restart."""
+    throughput on N-k, against waiting for a hot spare and a full restart. With --mtbf (or
+    --run): restart, shrink, spares and per-step fault tolerance side by side, each
+    failure's lost time and GPU-hours and the goodput (wall-clock, GPU-time, samples)."""
     from goodlens.analysis.planner import elastic_plan
+
+    opts: dict[str, Any] = {"mtbf": mtbf, "detect": detect, "quorum": quorum,
+                            "group_restart": group_restart, "heal": heal,
+                            "replica_groups": replica_groups}
+    measured = None
+    if db or url or run_id:
+        measured, ft_groups = _measured_ft(db, url, read_token(token, token_file), run_id)
+        found = {"mtbf": measured.mtbf_s, "detect": measured.detect_s,
+                 "quorum": measured.quorum_s, "group_restart": measured.group_restart_s,
+                 "heal": measured.heal_s, "replica_groups": ft_groups}
+        for name, value in found.items():
+            # a measured value replaces an option left at its default, never one given
+            given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+            if value is not None and not given:
+                opts[name] = value
+        if opts["mtbf"] is None:
+            raise click.UsageError(f"run {run_id} recorded no group failure to measure an "
+                                   "MTBF from; give --mtbf")
     try:
         p = elastic_plan(nodes, lost, micro_batch, global_batch, gpus_per_node=gpus_per_node,
-                         max_micro_per_rank=max_micro, repair_s=repair)
+                         max_micro_per_rank=max_micro, repair_s=repair, restart_s=restart_cost,
+                         spare_swap_s=swap, reconfig_s=reconfig, mtbf_s=opts["mtbf"],
+                         step_s=step, detect_s=opts["detect"], interval_s=interval,
+                         checkpoint_cost_s=checkpoint_cost, spares=spares,
+                         replica_groups=opts["replica_groups"], min_replicas=min_replicas,
+                         quorum_s=opts["quorum"], group_restart_s=opts["group_restart"],
+                         heal_s=opts["heal"], spare_groups=spare_groups)
     except ValueError as exc:
         _fail(exc)
     lost_rows = [{"o": k, "h": f"{v:,.1f}"} for k, v in p.lost_gpu_hours.items()]
-    text = "\n".join([
+    lines = [
         f"{p.data_parallel} -> {p.data_parallel_used} replicas: micro-batch {p.micro_batch} x "
         f"{p.accumulation} accumulation steps = global batch {p.global_batch}"
         + ("" if p.exact else f" (not exact: {p.reason}; closest {p.closest_batch})"),
         f"throughput {100 * p.throughput_fraction:.1f}% of full", "",
         table(lost_rows, [("o", "option"), ("h", "lost GPU-hours")]), "",
-        f"recommendation: {p.recommendation}"])
-    _out(p, as_json, text)
+        f"recommendation: {p.recommendation}"]
+    if p.policies:
+        rows = [{"p": k, "l": format_duration(v.lost_s_per_failure),
+                 "h": f"{v.lost_gpu_hours_per_failure:,.1f}", "g": f"{100 * v.goodput:.2f}%",
+                 "t": f"{100 * v.gpu_time_goodput:.2f}%", "s": f"{100 * v.sample_goodput:.2f}%"}
+                for k, v in p.policies.items()]
+        lines += ["", f"under failures every {format_duration(opts['mtbf'])} (job MTBF):",
+                  table(rows, [("p", "policy"), ("l", "job lost/failure"),
+                               ("h", "GPU-h lost/failure"), ("g", "goodput"),
+                               ("t", "GPU-time"), ("s", "samples")]),
+                  f"best GPU-time goodput: {p.best_policy}"]
+    doc: dict[str, Any] = plain(p)
+    if measured is not None:
+        m = measured
+        doc["measured"] = plain(m)
+
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else format_duration(v)
+        bw = "" if m.heal_bandwidth_Bps is None else f" ({m.heal_bandwidth_Bps / 1e9:.2f} GB/s)"
+        lines += ["", f"measured from run {run_id}: {m.failures} group failure(s), "
+                      f"{m.heals} heal(s) of {fmt(m.heal_s)}{bw}, quorum {fmt(m.quorum_s)} "
+                      f"per change ({m.quorum_changes}), detection {fmt(m.detect_s)}, "
+                      f"group restart {fmt(m.group_restart_s)}"]
+    _out(doc, as_json, "\n".join(lines))
+
+
+def _measured_ft(db: str | None, url: str | None, token: str | None,
+                 run_id: str | None) -> tuple[Any, int | None]:
+    """The per-step costs of a torchft run (:func:`goodlens.analysis.planner.measured_per_step`
+    over its report's ``fault_tolerance`` section) and its replica groups."""
+    if not ((db or url) and run_id):
+        raise click.UsageError("measured mode needs both --run ID and --db PATH (or --url URL)")
+    from goodlens.analysis.planner import measured_per_step
+    from goodlens.analysis.report import report_dict
+    from goodlens.cli.remote import one_source, read_run_at
+    one_source(db, url)
+    rep = read_run_at(db, url, token, run_id, lambda store, rid: report_dict(store, rid))
+    ft = rep.get("fault_tolerance")
+    if not ft:
+        raise click.UsageError(f"run {run_id} has no fault_tolerance section in its report "
+                               "(not a torchft run)")
+    groups = ft.get("replica_groups")
+    return measured_per_step(ft, rep.get("wall_clock_s")), (int(groups) if groups else None)
 
 
 @plan.command("spares")

@@ -19,7 +19,9 @@ from goodlens.model.units import format_duration
               help="Named configuration: llama3-16k, kokolis-1k, demo-64, test-16.")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
               help="Change one setting (repeatable), e.g. --set interval_s=10m "
-                   "--set elastic=spares --set spares=4. Durations accept 90s, 5m, 24h.")
+                   "--set elastic=spares --set spares=4, or --set elastic=per_step "
+                   "--set replica_groups=4 (per-step fault tolerance). Durations accept "
+                   "90s, 5m, 24h.")
 @click.option("--trials", type=click.IntRange(1), default=100, show_default=True,
               help="Monte Carlo trials.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same result.")
@@ -71,6 +73,9 @@ def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int
             click.echo(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         return
     trace_note = None
+    if out and config.elastic == "per_step":
+        raise click.UsageError("--out does not write elastic=per_step runs (no replica-group "
+                               "events in the trace); leave --out out")
     if out:
         rows = config.duration_s / config.step_s * config.nodes * config.gpus_per_node
         if rows > max_rows:
@@ -99,9 +104,11 @@ def simulate(ctx: click.Context, preset: str, sets: tuple[str, ...], trials: int
     wall = out["wall_clock_s"]
     click.echo(f"{preset}: {config.nodes * config.gpus_per_node:,} GPUs for "
                f"{format_duration(wall)}, {trials} trials")
+    samples = (f", samples {100 * out['sample_goodput_mean']:.1f}%"
+               if config.elastic in ("per_step", "shrink") else "")
     click.echo(f"goodput {100 * out['goodput_mean']:.1f}% (p5 {100 * out['goodput_p5']:.1f}%, "
                f"p95 {100 * out['goodput_p95']:.1f}%), GPU-time "
-               f"{100 * out['gpu_time_goodput_mean']:.1f}%\n")
+               f"{100 * out['gpu_time_goodput_mean']:.1f}%{samples}\n")
     rows = []
     for b, v in out["buckets_mean"].items():
         rows.append({"b": b, "t": format_duration(v), "p": f"{100 * v / wall:5.1f}%"})

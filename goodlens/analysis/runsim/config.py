@@ -38,7 +38,8 @@ CAUSE_NAMES = tuple(c[0] for c in FAILURE_CAUSES)
 STRAGGLER_CAUSES: dict[str, float] = {"thermal": 0.25, "link": 0.4, "ecc": 0.1,
                                       "noisy_neighbour": 0.25}
 _ENUMS = {"failure_dist": ("exponential", "weibull"), "ckpt_mode": ("sync", "async", "tiered"),
-          "queue_dist": ("exponential", "lognormal"), "elastic": ("restart", "shrink", "spares")}
+          "queue_dist": ("exponential", "lognormal"),
+          "elastic": ("restart", "shrink", "spares", "per_step")}
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,11 @@ class SimConfig:
     nodes_per_switch: int = 16
     """Nodes behind one switch (all slowed by a degraded link)."""
     elastic: str = "restart"
-    """``restart`` (queue for a full world), ``shrink`` (go on with fewer nodes) or ``spares``."""
+    """``restart`` (queue for a full world), ``shrink`` (go on with fewer nodes), ``spares``
+    or ``per_step`` (per-step fault tolerance: only the failed replica group restarts)."""
     spares: int = 0
-    """Hot spare nodes (``spares`` policy; allocated, so they cost GPU-time)."""
+    """Hot spare nodes (``spares`` policy), or hot spare replica groups of
+    ``nodes / replica_groups`` nodes each (``per_step``); allocated, so they cost GPU-time."""
     spare_swap_s: float = 120.0
     """Time to swap a spare in, instead of the queue wait."""
     repair_s: float = 4 * 3600.0
@@ -129,6 +132,24 @@ class SimConfig:
     """Shrink/grow reconfiguration (restart.init of the new world)."""
     shrink_max_nodes: int = 1
     """Most nodes the world may be short before a full restart is needed."""
+    replica_groups: int = 1
+    """``per_step``: replica groups the world is split into (``nodes`` a multiple of it); each
+    keeps its own local batch, so a step without a group commits fewer samples, not slower."""
+    min_replicas: int = 1
+    """``per_step``: fewest healthy groups that go on training; a failure that leaves fewer
+    restarts the whole job (the ``restart`` path)."""
+    quorum_s: float = 5.0
+    """``per_step``: time the training thread is blocked by one quorum membership change (a
+    group dropped, or admitted)."""
+    group_restart_s: float = 300.0
+    """``per_step``: a failed group's detection to its processes ready to heal (rescheduling
+    on a replacement node, process start, init)."""
+    heal_bytes: float = 2e9
+    """``per_step``: state each rank of a healing group receives from its peer (its shard of
+    weights and optimizer state)."""
+    heal_bandwidth_Bps: float = 1e9
+    """``per_step``: per-rank bandwidth of a heal (bytes/s); heal time is
+    ``heal_bytes / heal_bandwidth_Bps``."""
     evict_stragglers: bool = False
     """Evict a detected straggler (like a planned interruption, replaced by spare or queue)."""
     evict_delay_steps: int = 100
@@ -142,7 +163,7 @@ class SimConfig:
         if not isinstance(self.evict_stragglers, bool):
             raise bad("evict_stragglers", "True or False")
         for name in ("nodes", "gpus_per_node", "nodes_per_switch", "evict_delay_steps",
-                     "spares", "shrink_max_nodes"):
+                     "spares", "shrink_max_nodes", "replica_groups", "min_replicas"):
             v = getattr(self, name)
             low = 0 if name in ("spares", "shrink_max_nodes") else 1
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < low:
@@ -155,7 +176,7 @@ class SimConfig:
                                       or not 0 <= v < INF):
                 raise bad(f.name, "a finite number >= 0")
         for name in ("duration_s", "step_s", "node_mtbf_s", "interval_s", "memory_interval_s",
-                     "weibull_shape", "compute_fraction"):
+                     "weibull_shape", "compute_fraction", "heal_bandwidth_Bps"):
             if not getattr(self, name) > 0:
                 raise bad(name, "> 0")
         if self.compute_fraction > 1:
@@ -180,6 +201,18 @@ class SimConfig:
             raise bad("shrink_max_nodes", "< nodes")
         if self.ckpt_mode == "tiered" and self.memory_interval_s > self.interval_s:
             raise bad("memory_interval_s", "<= interval_s")
+        if self.elastic == "per_step":
+            # two groups at least, whole nodes per group, and room for one group to fail
+            if self.replica_groups < 2 or self.nodes % self.replica_groups:
+                raise bad("replica_groups", f">= 2 and divide nodes ({self.nodes}) for "
+                                            "elastic='per_step'")
+            if self.min_replicas >= self.replica_groups:
+                raise bad("min_replicas", f"< replica_groups ({self.replica_groups})")
+
+    @property
+    def heal_s(self) -> float:
+        """``per_step``: one heal's time, ``heal_bytes / heal_bandwidth_Bps``."""
+        return self.heal_bytes / self.heal_bandwidth_Bps
 
 
 @dataclass
@@ -198,10 +231,18 @@ class SimResult:
     counts: dict[str, int]
     """failures, hangs, wide_failures, startup_failures, planned, evictions, evicted_nodes,
     checkpoints (durable saves), memory_checkpoints, memory_restores, attempts, shrinks,
-    grows, spare_swaps, straggler_episodes."""
+    grows, spare_swaps, straggler_episodes, group_failures (``per_step``: failures the job
+    went on through), rejoins (groups admitted back), quorum_changes."""
     failures_by_cause: dict[str, int]
     startup_parts: dict[str, float] = field(default_factory=dict)
     """``startup`` (the first attempt's start-up) split as ``accounting.STARTUP_PARTS``."""
+    other_parts: dict[str, float] = field(default_factory=lambda: {"quorum": 0.0})
+    """Named parts of ``other``: ``quorum``, the training thread blocked by quorum membership
+    changes (``per_step``); the rest of ``other`` is the step in flight at the run's end."""
+    sample_goodput: float | None = None
+    """Samples committed over what the full world commits in the same wall-clock at its
+    healthy rate (one global batch per ``step_s``): below ``goodput`` when steps ran short
+    (``per_step``) or slower than the full world's (``shrink``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -5,7 +5,8 @@ the next run ("what if"), and the rest of goodlens needs runs whose true breakdo
 :func:`simulate` runs one trial (the rules, the same as ``goodlens.analysis.accounting``'s, are in
 :mod:`goodlens.analysis.runsim.trial`), :func:`monte_carlo` many, :func:`sweep` one parameter over
 values;
-:func:`first_order_goodput`, :func:`young_interval_s` and :func:`daly_interval_s` are the
+:func:`first_order_goodput` (with :func:`first_order_per_step` for the per-step policy's
+sample and GPU-time views), :func:`young_interval_s` and :func:`daly_interval_s` are the
 analytic references the Monte Carlo is checked against.
 """
 
@@ -24,7 +25,7 @@ from goodlens.analysis.runsim.config import DAY, FAILURE_CAUSES, SimConfig, SimR
 from goodlens.analysis.runsim.trial import prepare, run_trial
 
 __all__ = ["DAY", "SimConfig", "SimResult", "daly_interval_s", "first_order_goodput",
-           "monte_carlo", "simulate", "sweep", "young_interval_s"]
+           "first_order_per_step", "monte_carlo", "simulate", "sweep", "young_interval_s"]
 
 
 def simulate(config: SimConfig, seed: int = 0) -> SimResult:
@@ -42,7 +43,8 @@ def trial_rng(seed: int, index: int) -> np.random.Generator:
 def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0,
                 first: SimResult | None = None) -> dict[str, Any]:
     """``trials`` independent trials (seeds spawned from ``seed``): mean and 5th/95th
-    percentile goodput, mean seconds per bucket, startup part and restart part, mean counts.
+    percentile goodput, mean GPU-time and sample goodput, mean seconds per bucket, startup
+    part, restart part and other part, mean counts.
     ``first`` stands for the first trial when given (``goodlens simulate --out``: that trial
     as its trace has it, :meth:`~goodlens.analysis.runsim.tracegen.TraceResult.as_result`)."""
     if trials < 1:
@@ -53,14 +55,17 @@ def monte_carlo(config: SimConfig, trials: int = 100, seed: int = 0,
     g = np.array([r.goodput for r in rs])
 
     def mean(get: Any, keys: Sequence[str]) -> dict[str, float]:
-        return {k: float(np.mean([get(r)[k] for r in rs])) for k in keys}
+        return {k: float(np.mean([get(r).get(k, 0.0) for r in rs])) for k in keys}
     return {"trials": trials, "wall_clock_s": float(np.mean([r.wall_clock_s for r in rs])),
             "goodput_mean": float(g.mean()), "goodput_p5": float(np.percentile(g, 5)),
             "goodput_p95": float(np.percentile(g, 95)),
             "gpu_time_goodput_mean": float(np.mean([r.gpu_time_goodput for r in rs])),
+            "sample_goodput_mean": float(np.mean([
+                r.goodput if r.sample_goodput is None else r.sample_goodput for r in rs])),
             "buckets_mean": mean(lambda r: r.buckets, BUCKETS),
             "startup_parts_mean": mean(lambda r: r.startup_parts, STARTUP_PARTS),
             "restart_parts_mean": mean(lambda r: r.restart_parts, RESTART_PARTS),
+            "other_parts_mean": mean(lambda r: r.other_parts, ["quorum"]),
             "counts_mean": mean(lambda r: r.counts, list(rs[0].counts))}
 
 
@@ -108,17 +113,53 @@ def first_order_goodput(config: SimConfig) -> float:
     init + restore + warm-up + dt/2 + a half step, L_p the same for planned interruptions
     (a save instead of detection and recompute), C the stall per save, dt the interval in
     wall-clock and w0 the noise straggler wait. Ignores stragglers, elastic policies and
-    tiers (meaningful for ``sync``; ``async`` uses the snapshot as C)."""
+    tiers (meaningful for ``sync``; ``async`` uses the snapshot as C). The ``per_step``
+    policy has its own form (:func:`first_order_per_step`)."""
+    if config.elastic == "per_step":
+        return first_order_per_step(config)["goodput"]
     p = prepare(config)
     c = config
     d = c.step_s + p.w0
     dt = p.kd * d
-    shares = np.array([n for _, n, _, _ in FAILURE_CAUSES], dtype=float)
-    phang = float(np.dot(shares / shares.sum(), p.hang))
-    detect = phang * c.detect_hang_s + (1 - phang) * c.detect_crash_s
+    detect = _mean_detection(c)
     restart = c.queue_s + c.init_s + c.restore_s + c.warmup_s
     lost_f = detect + restart + dt / 2 + d / 2
     lost_p = c.write_s + restart
     lam, lam_p = c.nodes / c.node_mtbf_s, c.planned_per_day / DAY
     num = 1 - lam * lost_f - lam_p * lost_p - (c.init_s + c.warmup_s) / c.duration_s
     return num / (1 + p.cdd / dt) * c.step_s / d
+
+
+def _mean_detection(c: SimConfig) -> float:
+    """E[detection] of a failure: the hang share of the cause table at the hang timeout."""
+    shares = np.array([n for _, n, _, _ in FAILURE_CAUSES], dtype=float)
+    phang = float(np.dot(shares / shares.sum(), prepare(c).hang))
+    return phang * c.detect_hang_s + (1 - phang) * c.detect_crash_s
+
+
+def first_order_per_step(config: SimConfig) -> dict[str, float]:
+    """First-order goodput of the ``per_step`` policy (rules in
+    :mod:`goodlens.analysis.runsim.trial`) in three views, ``goodput``, ``sample_goodput`` and
+    ``gpu_time_goodput``: :func:`goodlens.analysis.planner.per_step_goodput` (the model is
+    written out there) with this config's costs. The job's MTBF is node MTBF / nodes, the
+    detection the cause table's mean, the step its noise straggler wait longer; a job
+    restart (below ``min_replicas``) loses what :func:`first_order_goodput` charges a
+    failure, and the first start-up is paid once. Ignores stragglers, as the restart form
+    does, and the outages a job restart ends early."""
+    from goodlens.analysis.planner import per_step_goodput
+
+    c = config
+    if c.elastic != "per_step":
+        raise ValueError(f"first_order_per_step: elastic must be 'per_step' (got "
+                         f"{c.elastic!r})")
+    p = prepare(c)
+    d = c.step_s + p.w0
+    dt = p.kd * d
+    detect = _mean_detection(c)
+    restart = detect + c.queue_s + c.init_s + c.restore_s + c.warmup_s + dt / 2 + d / 2
+    return per_step_goodput(
+        mtbf_s=c.node_mtbf_s / c.nodes, step_s=c.step_s, wait_s=p.w0,
+        replica_groups=c.replica_groups, min_replicas=c.min_replicas, quorum_s=c.quorum_s,
+        detect_s=detect, group_restart_s=c.group_restart_s, heal_s=c.heal_s,
+        restart_loss_s=restart, spare_groups=c.spares, checkpoint_overhead=p.cdd / dt,
+        startup_share=(c.init_s + c.warmup_s) / c.duration_s)

@@ -102,7 +102,9 @@ class Ledger:
     def __init__(self, seconds: dict[str, float]) -> None:
         self.entries: list[list] = []
         self.seconds = seconds
-        """The trial's seconds per bucket (``gpu``: productive GPU-seconds), added to here."""
+        """The trial's seconds per bucket (``gpu``: productive GPU-seconds), added to here,
+        with the committed steps (``steps``) and GPU-steps (``gpu_steps``: a step's GPUs
+        summed, for the sample view of a world that runs short)."""
 
     def rollback(self, count: int) -> None:
         """Steps after ``count`` are lost: their time becomes recompute."""
@@ -124,6 +126,8 @@ class Ledger:
                 seconds["productive"] += k * compute_s
                 seconds["straggler_wait"] += k * wait_s
                 seconds["gpu"] += k * compute_s * gpus
+                seconds["steps"] += k
+                seconds["gpu_steps"] += k * gpus
                 e[FIRST] = first + k
         self.entries[:] = [e for e in self.entries if e[END] > e[FIRST]]
 

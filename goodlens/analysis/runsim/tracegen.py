@@ -101,7 +101,9 @@ class TraceResult:
                          gpu_time_goodput=t["gpu_time_goodput"], buckets=dict(t["buckets"]),
                          restart_parts=dict(t["restart_parts"]), counts=dict(self.sim.counts),
                          failures_by_cause=dict(self.sim.failures_by_cause),
-                         startup_parts=dict(t["startup_parts"]))
+                         startup_parts=dict(t["startup_parts"]),
+                         other_parts=dict(self.sim.other_parts),
+                         sample_goodput=self.sim.sample_goodput)
 
 
 def generate_trace(config: SimConfig, seed: int, out: str | Path | None, run_id: str = "sim",
@@ -112,7 +114,11 @@ def generate_trace(config: SimConfig, seed: int, out: str | Path | None, run_id:
     (with ``ground_truth.json``) when given. Same seed, same tables. ``rng``, when given,
     draws the trial instead of ``seed``'s own stream (``goodlens simulate --out``: a Monte
     Carlo's first trial, :func:`~goodlens.analysis.runsim.montecarlo.trial_rng`); ``seed``
-    still draws the per-rank noise."""
+    still draws the per-rank noise. The ``per_step`` policy has no trace form: its
+    replica groups' events are not written, so it is refused (ValueError)."""
+    if config.elastic == "per_step":
+        raise ValueError("trace mode does not write elastic='per_step' runs (no replica-group "
+                         "events); simulate them without a trace")
     t_start = time.perf_counter()
     c, tl = config, []
     p = prepare(c)

@@ -38,6 +38,19 @@ x N/n (same global batch), and grows back at a step end when the node returns af
 ``repair_s`` (the save due there, then ``reconfig_s`` as init; nothing lost, no restore);
 ``spares`` swap a free spare in (``spare_swap_s`` instead of the queue), the failed node
 becoming a spare again after ``repair_s``; a wide failure counts as one node for both.
+Elastic ``per_step`` (torchft-style per-step fault tolerance): the world is ``replica_groups``
+groups of ``nodes / replica_groups`` nodes, each with its own local batch, so a step without
+a group takes as long and commits fewer samples. A failure takes out one group (a wide one
+too, as for shrink and spares) and the job never stops: the step in flight is discarded
+(its whole duration recompute, the others learn of the loss at its end), then one quorum
+membership change (``quorum_s``, ``other``'s part ``quorum``), and the steps go on short.
+The group's way back starts at detection: ``group_restart_s`` then a heal from a peer
+(``heal_bytes / heal_bandwidth_Bps``), or only the heal when a hot spare group is free (the
+restarted group becomes the spare); it is admitted at the end of the step in flight, after
+that step's save, with another quorum change. Its absent GPU-seconds show only in the
+GPU-time view (idle allocated) and the sample view. A failure that would leave fewer than
+``min_replicas`` groups, or any failure during a start-up, restarts the whole job (the
+restart path, all groups back). Planned interruptions and evictions take the restart path.
 Straggler wait per step is max(noise, worst episode): noise is E[max - median] of the per-rank
 lognormal compute over all ranks (a seeded Monte Carlo of >= 16 steps, cached per config), and
 an episode slowing k ranks by s costs c0 ((1+s) E[max of k] - E[median]), c0 the median
@@ -76,7 +89,8 @@ __all__ = ["Draws", "Elastic", "Prepared", "Stop", "Trial", "prepare", "run_tria
 
 COUNTS = ("failures", "hangs", "wide_failures", "startup_failures", "planned", "evictions",
           "evicted_nodes", "checkpoints", "memory_checkpoints", "memory_restores", "attempts",
-          "shrinks", "grows", "spare_swaps", "straggler_episodes")
+          "shrinks", "grows", "spare_swaps", "straggler_episodes", "group_failures",
+          "rejoins", "quorum_changes")
 """The counts of a :class:`SimResult`, in its order."""
 STARTUP_KEYS = tuple(f"startup.{p}" for p in STARTUP_PARTS)
 """The ``seconds`` keys of the first attempt's start-up parts (restart's are plain names)."""
@@ -94,7 +108,10 @@ class Stop(enum.Enum):
     EVICTION = "evict"
     """The eviction of detected stragglers, at the end of the step in flight."""
     GROW = "grow"
-    """A repaired node rejoins a shrunk world, at the end of the step in flight."""
+    """A repaired node rejoins a shrunk world (or a healed group a short one), at the end of
+    the step in flight."""
+    DROP = "drop"
+    """``per_step``: a group failed and the others went on (a timeline kind only)."""
 
 
 class Elastic(enum.Enum):
@@ -106,13 +123,15 @@ class Elastic(enum.Enum):
     """Go on with fewer nodes; grow back when the node is repaired."""
     SPARES = "spares"
     """Swap a free hot spare in."""
+    PER_STEP = "per_step"
+    """Only the failed replica group restarts; the others go on short."""
 
 
 # Python 3.11 finds an enum member through ``EnumType.__getattr__`` (~0.3 us a lookup, a few per
 # attempt): the trial's code compares against these module-level references to the members.
-FAILURE, RUN_END, PLANNED, EVICTION, GROW = \
-    Stop.FAILURE, Stop.RUN_END, Stop.PLANNED, Stop.EVICTION, Stop.GROW
-SHRINK, SPARES = Elastic.SHRINK, Elastic.SPARES
+FAILURE, RUN_END, PLANNED, EVICTION, GROW, DROP = \
+    Stop.FAILURE, Stop.RUN_END, Stop.PLANNED, Stop.EVICTION, Stop.GROW, Stop.DROP
+SHRINK, SPARES, PER_STEP = Elastic.SHRINK, Elastic.SPARES, Elastic.PER_STEP
 
 
 def run_trial(c: SimConfig, p: Prepared, rng: np.random.Generator,
@@ -140,9 +159,10 @@ class Trial:
     """
 
     __slots__ = (
-        "active", "by_cause", "config", "counts", "draws", "dues", "durable_count", "elastic",
-        "episodes", "failing_slot", "first_step_s", "first_wait_s", "from_memory", "gpus",
-        "grow_at", "init_s", "last_failure", "ledger", "memory_count", "next_boundary",
+        "active", "by_cause", "config", "continuing", "counts", "draws", "dues",
+        "durable_count", "elastic", "episodes", "failing_slot", "first_step_s", "first_wait_s",
+        "from_memory", "gpus", "group_nodes", "grow_at", "grow_pos", "init_s", "last_failure",
+        "ledger", "memory_count", "next_boundary",
         "next_planned", "node_fail_at", "now", "pieces", "planned", "prep", "queue_mu",
         "restart_count", "restore_s", "rng", "schedule", "seconds", "spare_free_at",
         "tiered", "timeline", "wait_s", "weibull_scale", "world")
@@ -154,7 +174,8 @@ class Trial:
         self.schedule = CheckpointSchedule(p.km, p.kd, p.cm, p.cdd)
         self.elastic = Elastic(c.elastic)
         self.tiered = c.ckpt_mode == "tiered"
-        self.seconds = dict.fromkeys((*BUCKETS, *RESTART_PARTS, *STARTUP_KEYS, "gpu"), 0.0)
+        self.seconds = dict.fromkeys((*BUCKETS, *RESTART_PARTS, *STARTUP_KEYS, "gpu", "steps",
+                                      "gpu_steps", "quorum"), 0.0)
         self.counts = dict.fromkeys(COUNTS, 0)
         self.by_cause = [0] * len(FAILURE_CAUSES)
         self.last_failure: tuple[str | None, bool, bool] = (None, False, False)
@@ -191,7 +212,14 @@ class Trial:
         self.dues: dict[int, float] = {}
         """Evictable episodes of this attempt: when the detector flags them."""
         self.grow_at: list[float] = []
-        """Shrunk: when each missing node is back (sorted)."""
+        """Shrunk: when each missing node is back (sorted); ``per_step``: each missing group."""
+        self.grow_pos: list[int] = []
+        """``per_step``: the position of each missing group (``grow_at``'s order); its nodes
+        are Weibull slots ``pos * group_nodes`` on."""
+        self.group_nodes = c.nodes // c.replica_groups
+        self.continuing = False
+        """``per_step``: the next attempt goes on after a group dropped out or rejoined (no
+        start-up, no warm-up, not an attempt of its own)."""
         self.spare_free_at = [0.0] * c.spares
         self.ledger = Ledger(self.seconds)
         self.pieces: list[Piece] = []
@@ -213,11 +241,16 @@ class Trial:
         a["restart"] = sum(parts.values())
         startup = {k: a[f"startup.{k}"] for k in STARTUP_PARTS}
         a["startup"] = sum(startup.values())
+        a["other"] += a["quorum"]
         T = c.duration_s
-        alloc = (c.nodes + (c.spares if self.elastic is SPARES else 0)) \
-            * c.gpus_per_node * T
+        spare_nodes = {SPARES: c.spares, PER_STEP: c.spares * self.group_nodes}
+        alloc = (c.nodes + spare_nodes.get(self.elastic, 0)) * c.gpus_per_node * T
+        # samples in full-world global batches: a short per-step world commits its share
+        batches = (a["gpu_steps"] / (c.nodes * c.gpus_per_node) if self.elastic is PER_STEP
+                   else a["steps"])
         return SimResult(T, a["productive"] / T, a["gpu"] / alloc, {b: a[b] for b in BUCKETS},
-                         parts, self.counts, dict(zip(CAUSE_NAMES, self.by_cause)), startup)
+                         parts, self.counts, dict(zip(CAUSE_NAMES, self.by_cause)), startup,
+                         {"quorum": a["quorum"]}, batches * c.step_s / T)
 
     def up(self, part: str) -> str:
         """The ``seconds`` key of a start-up part (init, restore, warmup) of the attempt in
@@ -227,16 +260,23 @@ class Trial:
     def attempt(self) -> bool:
         """One attempt from its start; False when the run ended in it."""
         c = self.config
-        self.counts["attempts"] += 1
+        cont, self.continuing = self.continuing, False
+        if not cont:
+            self.counts["attempts"] += 1
         n = self.world
-        self.gpus, base = n * c.gpus_per_node, c.step_s * c.nodes / n
+        # per_step: each group keeps its local batch, so a short world's step is no longer
+        base = c.step_s if self.elastic is PER_STEP else c.step_s * c.nodes / n
+        self.gpus = n * c.gpus_per_node
         t_fail = self.next_failure()
         times, ts0 = self.episodes.boundary_s, self.now + self.init_s + self.restore_s
         while times[self.next_boundary] <= ts0:
             self.cross_boundary()
-        self.first_wait_s, self.first_step_s = self.wait_s, base + self.wait_s + c.warmup_s
+        self.first_wait_s = self.wait_s
+        self.first_step_s = base + self.wait_s + (0.0 if cont else c.warmup_s)
         t1 = ts0 + self.first_step_s
         if t_fail < t1 or t1 > c.duration_s:
+            if cont:
+                return self.fail_in_first_step(t_fail)
             return self.fail_in_startup(t_fail)
         self.start_steps(t1, base)
         stop, m_end, t_end, tx = self.run_steps(t_fail, t1, base)
@@ -244,7 +284,9 @@ class Trial:
             return self.fail_in_steps(tx, t_fail)
         self.finalize(m_end, stop is GROW)
         self.record(stop, m_end=m_end, t_end=t_end)
-        if stop is GROW:
+        if stop is GROW and self.elastic is PER_STEP:
+            self.rejoin(m_end, t_end)
+        elif stop is GROW:
             self.grow_back(m_end, t_end)
         else:
             self.save_on_notice(stop, m_end, t_end)
@@ -445,10 +487,12 @@ class Trial:
         return True
 
     def full_world(self) -> None:
-        """A restart from the queue gets a full world (shrink: no grow-back pending)."""
-        if self.elastic is SHRINK:
+        """A restart from the queue gets a full world (shrink, per_step: no grow-back or
+        rejoin pending)."""
+        if self.elastic is SHRINK or self.elastic is PER_STEP:
             self.world = self.config.nodes
             self.grow_at.clear()
+            self.grow_pos.clear()
             if self.node_fail_at is not None:
                 self.node_fail_at[np.isinf(self.node_fail_at)] = -1.0
 
@@ -501,6 +545,12 @@ class Trial:
         T = c.duration_s
         m, pc = self.locate(tx)
         em = sched.end_of(m, pc)
+        if t_fail < T and self.can_absorb():
+            # per_step: the job goes on; the step after m's save is the one discarded
+            self.finalize(m, True)
+            sk = sched.stall_at(m)
+            self.add_span("checkpoint_stall", em, em + sk)
+            return self.drop_group(t_fail, m, em + sk, pc[2])
         med = self.finalize(m, True)
         if t_fail >= T:
             sk = min(sched.stall_at(m), T - em)
@@ -527,6 +577,111 @@ class Trial:
         self.ledger.commit(D)
         self.now = self.relaunch(t_fail, t_det, self.tiered and Mm > D)
         return True
+
+    # ------------------------------------------------------------------ per-step policy
+    def can_absorb(self) -> bool:
+        """``per_step``: whether the job goes on without one more group (at least
+        ``min_replicas`` groups left)."""
+        return (self.elastic is PER_STEP
+                and self.world // self.group_nodes - 1 >= self.config.min_replicas)
+
+    def fail_in_first_step(self, t_fail: float) -> bool:
+        """``per_step``, going on after a group change: a failure (or the run's end) before
+        the first step ends. No start-up to charge: the step in flight is the only loss."""
+        c, a = self.config, self.seconds
+        T, R = c.duration_s, self.restart_count
+        self.pieces = []
+        if t_fail >= T:  # the run ends in the step: shutdown, as any step in flight then
+            a["other"] += T - self.now
+            self.record(RUN_END, m_end=R)
+            return False
+        if self.can_absorb():
+            return self.drop_group(t_fail, R, self.now, self.first_step_s)
+        det_s, wide = self.draw_failure()
+        t_det = t_fail + det_s
+        tail = min(t_det, T) - self.now
+        a["recompute"] += min(self.first_step_s, tail)
+        a["detection"] += tail - min(self.first_step_s, tail)
+        self.record(FAILURE, m_end=R, t_det=t_det, t_fail=t_fail, fail=self.last_failure)
+        D = self.durable_count
+        Mm = D if wide else max(self.memory_count, D)
+        self.memory_count = Mm
+        self.restart_count = Mm if self.tiered else D
+        self.ledger.commit(D)
+        self.now = self.relaunch(t_fail, t_det, self.tiered and Mm > D)
+        return True
+
+    def keep_saves(self, m: int) -> None:
+        """The job goes on after step ``m`` (``per_step``): saves up to it stand as a later
+        job restart's restore points, its steps are final up to the durable one."""
+        sched, R = self.schedule, self.restart_count
+        kd, km = sched.durable_every, sched.memory_every
+        D = self.durable_count
+        D = max(D, m // kd * kd) if m // kd * kd > R else D
+        self.memory_count = max(self.memory_count, D,
+                                m // km * km if self.tiered and m // km * km > R else 0)
+        self.durable_count, self.restart_count = D, m
+        self.ledger.commit(D)
+        self.init_s, self.restore_s, self.from_memory = 0.0, 0.0, False
+        self.continuing = True
+
+    def drop_group(self, t_fail: float, m: int, ts: float, d: float) -> bool:
+        """``per_step``: a group failed at ``t_fail`` after step ``m``; the others' step in
+        flight (from ``ts``, ``d`` long) is discarded, a quorum forms without the group, and
+        the job goes on short. The group is back after its restart and heal (a free spare
+        group: the heal only)."""
+        c, cnt, g = self.config, self.counts, self.group_nodes
+        det_s, _ = self.draw_failure()
+        cnt["group_failures"] += 1
+        cnt["quorum_changes"] += 1
+        e = ts + d
+        self.add_span("recompute", ts, e)
+        self.add_span("quorum", e, e + c.quorum_s)
+        t_det = t_fail + det_s
+        self.record(DROP, m_end=m, t_det=t_det, t_fail=t_fail, fail=self.last_failure)
+        spare = self.take_spare_group(t_det)
+        back = t_det + (0.0 if spare else c.group_restart_s) + c.heal_s
+        nf = self.node_fail_at
+        if nf is not None:  # the failed node's group: its slots wait for the rejoin
+            pos = self.failing_slot // g
+            nf[pos * g:(pos + 1) * g] = np.inf
+        else:  # exponential failures: which group is immaterial, the lowest one up
+            out = set(self.grow_pos)
+            pos = next(i for i in range(c.replica_groups) if i not in out)
+        i = bisect.bisect_right(self.grow_at, back)
+        self.grow_at.insert(i, back)
+        self.grow_pos.insert(i, pos)
+        self.world -= g
+        self.keep_saves(m)
+        self.now = e + c.quorum_s
+        return True
+
+    def take_spare_group(self, t: float) -> bool:
+        """``per_step``: a free hot spare group fills in from ``t``; the failed group,
+        restarted, is the spare from ``group_restart_s`` later. False when none is free."""
+        free = [i for i, x in enumerate(self.spare_free_at) if x <= t]
+        if not free:
+            return False
+        self.spare_free_at[free[0]] = t + self.config.group_restart_s
+        self.counts["spare_swaps"] += 1
+        return True
+
+    def rejoin(self, m_end: int, t_end: float) -> None:
+        """``per_step``: a healed group is admitted at the end of step ``m_end`` (after the
+        save due there): one quorum change, and the job goes on with it."""
+        c, g = self.config, self.group_nodes
+        sk = self.schedule.stall_at(m_end)
+        self.seconds["checkpoint_stall"] += sk
+        self.grow_at.pop(0)
+        pos = self.grow_pos.pop(0)
+        if self.node_fail_at is not None:  # fresh nodes: their ages start over
+            self.node_fail_at[pos * g:(pos + 1) * g] = -1.0
+        self.world += g
+        self.counts["rejoins"] += 1
+        self.counts["quorum_changes"] += 1
+        self.keep_saves(m_end)
+        self.add_span("quorum", t_end + sk, t_end + sk + c.quorum_s)
+        self.now = t_end + sk + c.quorum_s
 
     def grow_back(self, m_end: int, t_end: float) -> None:
         """Graceful resize at the end of step ``m_end``: the save due there, then
