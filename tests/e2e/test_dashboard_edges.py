@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import types
 from pathlib import Path
@@ -185,18 +186,19 @@ def test_superseded_batch_scans_are_dropped(tmp_path: Path,
         store.write_group([_steps("g", 8, range(20))])
         store.summarize_dirty()
         calls = []
+        gate = threading.Event()
 
         def slow_detect(source, run_id, config=None):
             calls.append(run_id)
-            time.sleep(0.5)
+            gate.wait(30)   # a scan outlasting every refresh below, however loaded the box
             return []
         monkeypatch.setattr("goodlens.dashboard.data.detect_run", slow_detect)
         data = RunData(store)
-        for i in range(1, 6):  # five refreshes of a live run, 0.1 s apart
+        for i in range(1, 6):  # five refreshes of a live run while the first scan runs
             data.findings("g")
             store.write_group([_steps("g", 8, range(20 * i, 20 * i + 20))])
             store.summarize_dirty()
-            time.sleep(0.1)
+        gate.set()
         data.findings("g", wait=True)
         assert len(calls) <= 2, f"{len(calls)} scans of one run"
     finally:
