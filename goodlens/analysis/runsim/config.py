@@ -1,4 +1,5 @@
-"""What a simulated run is: its configuration (validated) and its result.
+"""What a simulated run is: its configuration (validated), its result, and the trial's
+vocabulary for both (:class:`Elastic`, the policy; :class:`Stop`, why an attempt ended).
 
 Kept apart from the trial loop (:mod:`goodlens.analysis.runsim.trial`) and the public entry points
 (:mod:`goodlens.analysis.runsim.montecarlo`) so each stays readable; the presets
@@ -8,6 +9,7 @@ the CLI build :class:`SimConfig` objects from here.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -247,3 +249,35 @@ class SimResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
+
+
+class Stop(enum.Enum):
+    """Why an attempt ended; the value is the timeline's ``kind``."""
+
+    FAILURE = "failed"
+    """A failure (:meth:`~goodlens.analysis.runsim.trial.Trial.run_steps` also says so when
+    the run's end comes first)."""
+    RUN_END = "end"
+    """The run's end (``duration_s``)."""
+    PLANNED = "planned"
+    """A planned interruption, at the end of the step in flight."""
+    EVICTION = "evict"
+    """The eviction of detected stragglers, at the end of the step in flight."""
+    GROW = "grow"
+    """A repaired node rejoins a shrunk world (or a healed group a short one), at the end of
+    the step in flight."""
+    DROP = "drop"
+    """``per_step``: a group failed and the others went on (a timeline kind only)."""
+
+
+class Elastic(enum.Enum):
+    """What a failure does to the world (``SimConfig.elastic``)."""
+
+    RESTART = "restart"
+    """Queue for a full world."""
+    SHRINK = "shrink"
+    """Go on with fewer nodes; grow back when the node is repaired."""
+    SPARES = "spares"
+    """Swap a free hot spare in."""
+    PER_STEP = "per_step"
+    """Only the failed replica group restarts; the others go on short."""

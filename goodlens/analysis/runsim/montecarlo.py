@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
+from goodlens.analysis.perstep_model import per_step_goodput
 from goodlens.analysis.runsim.config import DAY, FAILURE_CAUSES, SimConfig, SimResult
 from goodlens.analysis.runsim.trial import prepare, run_trial
 
@@ -140,14 +141,12 @@ def _mean_detection(c: SimConfig) -> float:
 def first_order_per_step(config: SimConfig) -> dict[str, float]:
     """First-order goodput of the ``per_step`` policy (rules in
     :mod:`goodlens.analysis.runsim.trial`) in three views, ``goodput``, ``sample_goodput`` and
-    ``gpu_time_goodput``: :func:`goodlens.analysis.planner.per_step_goodput` (the model is
-    written out there) with this config's costs. The job's MTBF is node MTBF / nodes, the
+    ``gpu_time_goodput``: :func:`goodlens.analysis.perstep_model.per_step_goodput` (the model
+    is written out there) with this config's costs. The job's MTBF is node MTBF / nodes, the
     detection the cause table's mean, the step its noise straggler wait longer; a job
     restart (below ``min_replicas``) loses what :func:`first_order_goodput` charges a
     failure, and the first start-up is paid once. Ignores stragglers, as the restart form
     does, and the outages a job restart ends early."""
-    from goodlens.analysis.planner import per_step_goodput
-
     c = config
     if c.elastic != "per_step":
         raise ValueError(f"first_order_per_step: elastic must be 'per_step' (got "

@@ -38,19 +38,8 @@ x N/n (same global batch), and grows back at a step end when the node returns af
 ``repair_s`` (the save due there, then ``reconfig_s`` as init; nothing lost, no restore);
 ``spares`` swap a free spare in (``spare_swap_s`` instead of the queue), the failed node
 becoming a spare again after ``repair_s``; a wide failure counts as one node for both.
-Elastic ``per_step`` (torchft-style per-step fault tolerance): the world is ``replica_groups``
-groups of ``nodes / replica_groups`` nodes, each with its own local batch, so a step without
-a group takes as long and commits fewer samples. A failure takes out one group (a wide one
-too, as for shrink and spares) and the job never stops: the step in flight is discarded
-(its whole duration recompute, the others learn of the loss at its end), then one quorum
-membership change (``quorum_s``, ``other``'s part ``quorum``), and the steps go on short.
-The group's way back starts at detection: ``group_restart_s`` then a heal from a peer
-(``heal_bytes / heal_bandwidth_Bps``), or only the heal when a hot spare group is free (the
-restarted group becomes the spare); it is admitted at the end of the step in flight, after
-that step's save, with another quorum change. Its absent GPU-seconds show only in the
-GPU-time view (idle allocated) and the sample view. A failure that would leave fewer than
-``min_replicas`` groups, or any failure during a start-up, restarts the whole job (the
-restart path, all groups back). Planned interruptions and evictions take the restart path.
+Elastic ``per_step`` (a failed replica group drops out and rejoins while the job goes on) has
+its rules in :mod:`goodlens.analysis.runsim.perstep`, whose methods :class:`Trial` inherits.
 Straggler wait per step is max(noise, worst episode): noise is E[max - median] of the per-rank
 lognormal compute over all ranks (a seeded Monte Carlo of >= 16 steps, cached per config), and
 an episode slowing k ranks by s costs c0 ((1+s) E[max of k] - E[median]), c0 the median
@@ -60,7 +49,6 @@ compute; a degraded link slows every node behind its switch.
 from __future__ import annotations
 
 import bisect
-import enum
 import math
 from typing import Any
 
@@ -72,10 +60,13 @@ from goodlens.analysis.runsim.config import (
     DAY,
     FAILURE_CAUSES,
     INF,
+    Elastic,
     SimConfig,
     SimResult,
+    Stop,
 )
 from goodlens.analysis.runsim.episodes import draw_episodes
+from goodlens.analysis.runsim.perstep import PerStepPolicy
 from goodlens.analysis.runsim.prepared import Draws, Prepared, prepare, straggler_noise
 from goodlens.analysis.runsim.steps import (
     CheckpointSchedule,
@@ -96,41 +87,10 @@ STARTUP_KEYS = tuple(f"startup.{p}" for p in STARTUP_PARTS)
 """The ``seconds`` keys of the first attempt's start-up parts (restart's are plain names)."""
 
 
-class Stop(enum.Enum):
-    """Why an attempt ended; the value is the timeline's ``kind``."""
-
-    FAILURE = "failed"
-    """A failure (:meth:`Trial.run_steps` also says so when the run's end comes first)."""
-    RUN_END = "end"
-    """The run's end (``duration_s``)."""
-    PLANNED = "planned"
-    """A planned interruption, at the end of the step in flight."""
-    EVICTION = "evict"
-    """The eviction of detected stragglers, at the end of the step in flight."""
-    GROW = "grow"
-    """A repaired node rejoins a shrunk world (or a healed group a short one), at the end of
-    the step in flight."""
-    DROP = "drop"
-    """``per_step``: a group failed and the others went on (a timeline kind only)."""
-
-
-class Elastic(enum.Enum):
-    """What a failure does to the world (``SimConfig.elastic``)."""
-
-    RESTART = "restart"
-    """Queue for a full world."""
-    SHRINK = "shrink"
-    """Go on with fewer nodes; grow back when the node is repaired."""
-    SPARES = "spares"
-    """Swap a free hot spare in."""
-    PER_STEP = "per_step"
-    """Only the failed replica group restarts; the others go on short."""
-
-
 # Python 3.11 finds an enum member through ``EnumType.__getattr__`` (~0.3 us a lookup, a few per
 # attempt): the trial's code compares against these module-level references to the members.
-FAILURE, RUN_END, PLANNED, EVICTION, GROW, DROP = \
-    Stop.FAILURE, Stop.RUN_END, Stop.PLANNED, Stop.EVICTION, Stop.GROW, Stop.DROP
+FAILURE, RUN_END, PLANNED, EVICTION, GROW = \
+    Stop.FAILURE, Stop.RUN_END, Stop.PLANNED, Stop.EVICTION, Stop.GROW
 SHRINK, SPARES, PER_STEP = Elastic.SHRINK, Elastic.SPARES, Elastic.PER_STEP
 
 
@@ -144,25 +104,25 @@ def run_trial(c: SimConfig, p: Prepared, rng: np.random.Generator,
     return Trial(c, p, rng, timeline).run()
 
 
-class Trial:
+class Trial(PerStepPolicy):
     """One trial's state and its steps: :meth:`run` loops over attempts (:meth:`attempt`).
 
     An attempt starts (init, restore, a first step with warm-up) and either fails before its
     first step ends (:meth:`fail_in_startup`) or runs steps, in :data:`Piece` s, until the
     next :class:`Stop` (:meth:`run_steps`): a failure or the run's end
     (:meth:`fail_in_steps`), a planned interruption or eviction (:meth:`save_on_notice`) or a
-    grow-back (:meth:`grow_back`). Step counts are the run's own: the attempt resumes after
-    ``restart_count`` and the newest checkpoints are at ``durable_count`` and
+    grow-back (:meth:`grow_back`); under ``per_step`` a failure the job goes on through and a
+    group's rejoin are :class:`PerStepPolicy`'s. Step counts are the run's own: the attempt
+    resumes after ``restart_count`` and the newest checkpoints are at ``durable_count`` and
     ``memory_count``. Seconds go to ``seconds`` (the accounting's buckets, restart parts,
     startup parts as ``startup.<part>``, plus ``gpu``: productive GPU-seconds), completed
     steps through the :class:`Ledger`.
     """
 
     __slots__ = (
-        "active", "by_cause", "config", "continuing", "counts", "draws", "dues",
-        "durable_count", "elastic", "episodes", "failing_slot", "first_step_s", "first_wait_s",
-        "from_memory", "gpus", "group_nodes", "grow_at", "grow_pos", "init_s", "last_failure",
-        "ledger", "memory_count", "next_boundary",
+        "active", "by_cause", "config", "counts", "draws", "dues", "durable_count", "elastic",
+        "episodes", "failing_slot", "first_step_s", "first_wait_s", "from_memory", "gpus",
+        "grow_at", "init_s", "last_failure", "ledger", "memory_count", "next_boundary",
         "next_planned", "node_fail_at", "now", "pieces", "planned", "prep", "queue_mu",
         "restart_count", "restore_s", "rng", "schedule", "seconds", "spare_free_at",
         "tiered", "timeline", "wait_s", "weibull_scale", "world")
@@ -213,13 +173,7 @@ class Trial:
         """Evictable episodes of this attempt: when the detector flags them."""
         self.grow_at: list[float] = []
         """Shrunk: when each missing node is back (sorted); ``per_step``: each missing group."""
-        self.grow_pos: list[int] = []
-        """``per_step``: the position of each missing group (``grow_at``'s order); its nodes
-        are Weibull slots ``pos * group_nodes`` on."""
-        self.group_nodes = c.nodes // c.replica_groups
-        self.continuing = False
-        """``per_step``: the next attempt goes on after a group dropped out or rejoined (no
-        start-up, no warm-up, not an attempt of its own)."""
+        self.init_groups(c)
         self.spare_free_at = [0.0] * c.spares
         self.ledger = Ledger(self.seconds)
         self.pieces: list[Piece] = []
@@ -577,111 +531,6 @@ class Trial:
         self.ledger.commit(D)
         self.now = self.relaunch(t_fail, t_det, self.tiered and Mm > D)
         return True
-
-    # ------------------------------------------------------------------ per-step policy
-    def can_absorb(self) -> bool:
-        """``per_step``: whether the job goes on without one more group (at least
-        ``min_replicas`` groups left)."""
-        return (self.elastic is PER_STEP
-                and self.world // self.group_nodes - 1 >= self.config.min_replicas)
-
-    def fail_in_first_step(self, t_fail: float) -> bool:
-        """``per_step``, going on after a group change: a failure (or the run's end) before
-        the first step ends. No start-up to charge: the step in flight is the only loss."""
-        c, a = self.config, self.seconds
-        T, R = c.duration_s, self.restart_count
-        self.pieces = []
-        if t_fail >= T:  # the run ends in the step: shutdown, as any step in flight then
-            a["other"] += T - self.now
-            self.record(RUN_END, m_end=R)
-            return False
-        if self.can_absorb():
-            return self.drop_group(t_fail, R, self.now, self.first_step_s)
-        det_s, wide = self.draw_failure()
-        t_det = t_fail + det_s
-        tail = min(t_det, T) - self.now
-        a["recompute"] += min(self.first_step_s, tail)
-        a["detection"] += tail - min(self.first_step_s, tail)
-        self.record(FAILURE, m_end=R, t_det=t_det, t_fail=t_fail, fail=self.last_failure)
-        D = self.durable_count
-        Mm = D if wide else max(self.memory_count, D)
-        self.memory_count = Mm
-        self.restart_count = Mm if self.tiered else D
-        self.ledger.commit(D)
-        self.now = self.relaunch(t_fail, t_det, self.tiered and Mm > D)
-        return True
-
-    def keep_saves(self, m: int) -> None:
-        """The job goes on after step ``m`` (``per_step``): saves up to it stand as a later
-        job restart's restore points, its steps are final up to the durable one."""
-        sched, R = self.schedule, self.restart_count
-        kd, km = sched.durable_every, sched.memory_every
-        D = self.durable_count
-        D = max(D, m // kd * kd) if m // kd * kd > R else D
-        self.memory_count = max(self.memory_count, D,
-                                m // km * km if self.tiered and m // km * km > R else 0)
-        self.durable_count, self.restart_count = D, m
-        self.ledger.commit(D)
-        self.init_s, self.restore_s, self.from_memory = 0.0, 0.0, False
-        self.continuing = True
-
-    def drop_group(self, t_fail: float, m: int, ts: float, d: float) -> bool:
-        """``per_step``: a group failed at ``t_fail`` after step ``m``; the others' step in
-        flight (from ``ts``, ``d`` long) is discarded, a quorum forms without the group, and
-        the job goes on short. The group is back after its restart and heal (a free spare
-        group: the heal only)."""
-        c, cnt, g = self.config, self.counts, self.group_nodes
-        det_s, _ = self.draw_failure()
-        cnt["group_failures"] += 1
-        cnt["quorum_changes"] += 1
-        e = ts + d
-        self.add_span("recompute", ts, e)
-        self.add_span("quorum", e, e + c.quorum_s)
-        t_det = t_fail + det_s
-        self.record(DROP, m_end=m, t_det=t_det, t_fail=t_fail, fail=self.last_failure)
-        spare = self.take_spare_group(t_det)
-        back = t_det + (0.0 if spare else c.group_restart_s) + c.heal_s
-        nf = self.node_fail_at
-        if nf is not None:  # the failed node's group: its slots wait for the rejoin
-            pos = self.failing_slot // g
-            nf[pos * g:(pos + 1) * g] = np.inf
-        else:  # exponential failures: which group is immaterial, the lowest one up
-            out = set(self.grow_pos)
-            pos = next(i for i in range(c.replica_groups) if i not in out)
-        i = bisect.bisect_right(self.grow_at, back)
-        self.grow_at.insert(i, back)
-        self.grow_pos.insert(i, pos)
-        self.world -= g
-        self.keep_saves(m)
-        self.now = e + c.quorum_s
-        return True
-
-    def take_spare_group(self, t: float) -> bool:
-        """``per_step``: a free hot spare group fills in from ``t``; the failed group,
-        restarted, is the spare from ``group_restart_s`` later. False when none is free."""
-        free = [i for i, x in enumerate(self.spare_free_at) if x <= t]
-        if not free:
-            return False
-        self.spare_free_at[free[0]] = t + self.config.group_restart_s
-        self.counts["spare_swaps"] += 1
-        return True
-
-    def rejoin(self, m_end: int, t_end: float) -> None:
-        """``per_step``: a healed group is admitted at the end of step ``m_end`` (after the
-        save due there): one quorum change, and the job goes on with it."""
-        c, g = self.config, self.group_nodes
-        sk = self.schedule.stall_at(m_end)
-        self.seconds["checkpoint_stall"] += sk
-        self.grow_at.pop(0)
-        pos = self.grow_pos.pop(0)
-        if self.node_fail_at is not None:  # fresh nodes: their ages start over
-            self.node_fail_at[pos * g:(pos + 1) * g] = -1.0
-        self.world += g
-        self.counts["rejoins"] += 1
-        self.counts["quorum_changes"] += 1
-        self.keep_saves(m_end)
-        self.add_span("quorum", t_end + sk, t_end + sk + c.quorum_s)
-        self.now = t_end + sk + c.quorum_s
 
     def grow_back(self, m_end: int, t_end: float) -> None:
         """Graceful resize at the end of step ``m_end``: the save due there, then
