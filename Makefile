@@ -23,7 +23,7 @@ $(VENV)/.stamp-run: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[server,test,torch,lightning,transformers,spark]'
+	$(BIN)/pip install -q -e '.[server,test,torch,lightning,transformers,spark,torchft]'
 	touch $@ $(VENV)/.stamp-run
 
 system-deps:

@@ -150,7 +150,7 @@ class Decision:
     time: float = 0.0
 
 
-def _finding_host(f: dict[str, Any]) -> str | None:
+def finding_host(f: dict[str, Any]) -> str | None:
     host = f.get("host")
     if not host and f.get("subject_kind") == "host":
         host = f.get("subject_id")
@@ -208,7 +208,7 @@ class EvictionClient:
         doubtful one is recorded once and decided again at later polls."""
         now = time.time() if now is None else now
         fid = str(finding.get("id") or "")
-        host = _finding_host(finding)
+        host = finding_host(finding)
         if not fid or host is None:
             return None
         past = self.past()

@@ -39,6 +39,12 @@ class EventKind(enum.StrEnum):
     CUSTOM_END = "custom_end"
     HEARTBEAT = "heartbeat"
     STRAGGLER_FLAGGED = "straggler_flagged"
+    GROUP_START = "group_start"
+    GROUP_END = "group_end"
+    QUORUM = "quorum"
+    STEP_DISCARDED = "step_discarded"
+    HEAL_START = "heal_start"
+    HEAL_END = "heal_end"
 
 
 EVENT_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
@@ -203,6 +209,28 @@ KIND_DOCS: dict[EventKind, str] = {
         "the collector's detector flagged a persistent straggler (`label` kind:subject, `rank` "
         "or `host`, `step` its first step, `detail` the finding as JSON)"
     ),
+    EventKind.GROUP_START: (
+        "per-step fault tolerance (torchft): an incarnation of a replica group started "
+        "(`label` the group, `time` its process start, `detail` `group_attempt`, "
+        "`group_world_size`, `spare`); the job's attempt does not change"
+    ),
+    EventKind.GROUP_END: (
+        "a replica group left (`label`, `cause`: completed, failed, evicted; `step` its last)"
+    ),
+    EventKind.QUORUM: (
+        "a replica group's quorum changed or blocked its training thread (`label` the group, "
+        "`step`, `world_size` the participating groups, `detail` `quorum_id`, "
+        "`participating`, `blocked_s`: the wait ends at `time`)"
+    ),
+    EventKind.STEP_DISCARDED: (
+        "a replica group ran `step` and did not commit it (torchft's `should_commit` false; "
+        "`detail` `start_time`, `duration_s`, `quorum_id`; `time` is the step's end)"
+    ),
+    EventKind.HEAL_START: (
+        "a replica group began receiving live state from a peer (`label`, `step` healed to, "
+        "`detail` `source` replica, `transport`)"
+    ),
+    EventKind.HEAL_END: "the heal finished (`label`, `bytes` received, `cause` failed on error)",
 }
 
 
