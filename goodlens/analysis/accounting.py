@@ -27,6 +27,7 @@ import pandas as pd
 from goodlens.analysis.intervals import (
     covers,
     custom_intervals,
+    ft_intervals,
     overlap,
     pair_intervals,
     subtract,
@@ -54,7 +55,8 @@ ACCOUNTING_KINDS = (EventKind.ATTEMPT_START, EventKind.ATTEMPT_END, EventKind.FA
                     EventKind.PREEMPTED, EventKind.CKPT_SAVE_START,
                     EventKind.CKPT_SAVE_BLOCKING_END, EventKind.CKPT_SAVE_DURABLE_END,
                     EventKind.CKPT_RESTORE_START, EventKind.CKPT_RESTORE_END,
-                    EventKind.CUSTOM_BEGIN, EventKind.CUSTOM_END, EventKind.WORLD_RESIZED)
+                    EventKind.CUSTOM_BEGIN, EventKind.CUSTOM_END, EventKind.WORLD_RESIZED,
+                    EventKind.QUORUM, EventKind.STEP_DISCARDED)
 _STEP_COLS = ["attempt", "step", "ref_start", "step_start", "duration_median",
               "compute_median", "compute_max", "compute_ranks", "ranks", "ready_median",
               "ready_max", "ready_ranks", "data_wait_min"]
@@ -355,6 +357,13 @@ class _Builder:
         self.custom: dict[str, np.ndarray] = {}
         for label, ivs in custom_intervals(self.ev, attempt_ends).items():
             self.custom[label] = subtract(union(ivs), self.blocking)
+        # per-step fault tolerance: a quorum wait is `other.quorum`; a discarded step (no
+        # step row: it was not committed) is `recompute`, between the committed steps
+        discarded, quorum = ft_intervals(self.ev)
+        if quorum:
+            self.custom["quorum"] = subtract(union(quorum), self.blocking)
+        self.discarded = subtract(union(discarded), self.blocking) if discarded else \
+            np.zeros((0, 2))
         self.failures = {"recorded": 0, "estimated": 0}
         """How the step in flight at each failure was measured: up to a recorded ``failure``
         instant, or estimated as one median step (no such event)."""
@@ -465,7 +474,8 @@ class _Builder:
             lo = hi
         # gaps between steps: checkpoint stall, custom labels, else unexplained
         layers = [(self.blocking, "checkpoint_stall")] + [
-            (ivs, f"other:{label}") for label, ivs in self.custom.items()]
+            (ivs, f"other:{label}") for label, ivs in self.custom.items()] + [
+            (self.discarded, "recompute")]
         gap_s, gap_e = e[:-1], s[1:]
         has_gap = gap_e > gap_s
         touched = np.zeros(len(gap_s), dtype=bool)

@@ -9,6 +9,9 @@ work for each, and is tested and read apart from the rules that use it
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -67,6 +70,52 @@ def custom_intervals(events: pd.DataFrame, attempt_ends: dict[int, float]
                                            EventKind.CUSTOM_BEGIN, (EventKind.CUSTOM_END,),
                                            attempt_ends)
     return pairs
+
+
+def details(events: pd.DataFrame) -> list[dict]:
+    """Each event's ``detail`` JSON as a dict (``{}`` where absent or not an object)."""
+    out = []
+    for text in (events.detail if "detail" in events else [None] * len(events)):
+        try:
+            d = json.loads(text) if isinstance(text, str) else {}
+        except ValueError:
+            d = {}
+        out.append(d if isinstance(d, dict) else {})
+    return out
+
+
+def _seconds(v: object) -> float:
+    try:
+        x = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+def ft_intervals(events: pd.DataFrame) -> tuple[list[tuple[float, float]],
+                                                 list[tuple[float, float]]]:
+    """Per-step fault tolerance (torchft) in the wall-clock: the discarded steps
+    (``step_discarded``: ``detail.start_time`` to the event) and the quorum waits of the
+    groups taking part in the quorum (``quorum`` with ``detail.participating`` true:
+    ``detail.blocked_s`` before the event). A group not taking part (healing, joining)
+    waits alone while the others train, so its wait is not the job's."""
+    ev = events
+    if not len(ev) or not ev.kind.isin([EventKind.STEP_DISCARDED, EventKind.QUORUM]).any():
+        return [], []
+    discarded, quorum = [], []
+    sel = ev[ev.kind == EventKind.STEP_DISCARDED]
+    for t, d in zip(sel.time.astype(float), details(sel)):
+        length = _seconds(d.get("duration_s"))
+        start = d.get("start_time")
+        start = t - length if not isinstance(start, (int, float)) else float(start)
+        if t > start:
+            discarded.append((start, t))
+    sel = ev[ev.kind == EventKind.QUORUM]
+    for t, d in zip(sel.time.astype(float), details(sel)):
+        blocked = _seconds(d.get("blocked_s"))
+        if blocked > 0 and d.get("participating", True) is not False:
+            quorum.append((t - blocked, t))
+    return discarded, quorum
 
 
 def union(ivs: list[tuple[float, float]]) -> np.ndarray:

@@ -66,11 +66,46 @@ def report_dict(source: RunReader, run_id: str | None = None, since: str | float
                                               and (hi is None or hi > acc.start))}
     if t is not None:
         rep["as_of"] = t
+    ft = _fault_tolerance(source, run_id, acc.start if lo is None else max(lo, acc.start),
+                          acc.end if hi is None else min(hi, acc.end), t)
+    if ft is not None:
+        ft["quorum_s"] = (rep.get("other_parts") or {}).get("quorum", 0.0)  # the job's wait
+        rep["fault_tolerance"] = ft
+        rep["gpu_time_goodput"] = ft["gpu_time_goodput"]  # the groups' view: see ft.py
     if rep["in_progress"]:
         if t is not None:
             attempts, steps, _ = as_known_at(attempts, steps, pd.DataFrame(), t)
         rep["silence"] = run_silence(attempts, steps, now, hang_floor_s)
     return rep
+
+
+def _fault_tolerance(source: RunReader, run_id: str, start: float, end: float,
+                     as_of: float | None) -> dict[str, Any] | None:
+    """The per-step fault tolerance section of a torchft run (None for any other run):
+    each replica group's GPU-time, heals, recoveries and the sample view
+    (:func:`goodlens.analysis.ft.ft_report`) over ``[start, end]`` (the run, or a window
+    cut from it)."""
+    import json
+
+    from goodlens.analysis.ft import FT_KINDS, ft_report, is_ft_run
+
+    info = source.run(run_id) or {}
+    tags = info.get("tags")
+    try:
+        tags = json.loads(tags) if isinstance(tags, str) else (tags or {})
+    except ValueError:
+        return None
+    if not is_ft_run(tags):
+        return None
+    steps = source.steps(run_id)
+    events = source.events(run_id, kinds=list(FT_KINDS))
+    if as_of is not None:
+        steps = steps[steps.start_time.astype(float) + steps.duration_s.astype(float)
+                      <= as_of]
+        events = events[events.time <= as_of]
+    per_rank = info.get("gpus_per_rank")
+    return ft_report(tags, steps, events, start, end,
+                     gpus_per_rank=1 if is_missing(per_rank) else int(per_rank) or 1)
 
 
 _PARTIAL_NOTE = ("no `failure` event says when these failures happened: the step in flight "

@@ -202,6 +202,9 @@ def report_text(rep: dict[str, Any]) -> str:
                      "gone without an end event; its wall-clock keeps growing as other: "
                      "since_last_step. If the job is gone, end the run with "
                      f"`goodlens end-run --run {rep['run']} --db STORE` (or --url).")
+    if rep.get("fault_tolerance"):
+        from goodlens.cli.ftreport import ft_text
+        lines.append(ft_text(rep["fault_tolerance"]))
     atts = rep.get("attempts") or []
     if len(atts) > 1:
         lines.append("")
