@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from goodlens.detectors.hangs import HangConfig, HangDetector, HangFinding
 from goodlens.detectors.stragglers import (
@@ -42,6 +43,20 @@ from goodlens.storage.writer import Writer
 log = logging.getLogger("goodlens.detection")
 
 
+def _ft_width(tags: Any) -> int:
+    """A torchft run's ranks per replica group (0 for any other run)."""
+    try:
+        meta = json.loads(tags) if isinstance(tags, str) else {}
+    except ValueError:
+        return 0
+    if not isinstance(meta, dict) or meta.get("fault_tolerance") != "torchft":
+        return 0
+    try:
+        return max(1, int(meta.get("group_world_size") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def _moved(old: Topology | None, new: Topology | None) -> bool:
     """Whether a rank of ``new`` runs on another host than in ``old`` (by name)."""
     if old is None or new is None:
@@ -51,16 +66,21 @@ def _moved(old: Topology | None, new: Topology | None) -> bool:
                for r in range(n))
 
 
-def scored_through(summaries: Any, last: int, grace_s: float) -> int:
+def scored_through(summaries: Any, last: int, grace_s: float,
+                   expected: np.ndarray | None = None) -> int:
     """The last step of a live attempt that can be scored now, given its step summaries
     (``step``, ``ranks``, ``step_end``, in step order) and the last step already scored: the
     steps after ``last`` up to the first one that some rank seen in the attempt has not
     reported yet, unless the attempt's data has moved ``grace_s`` past that step's end (its
-    missing ranks are then taken as not reporting). ``last`` when nothing more can be."""
+    missing ranks are then taken as not reporting). ``expected``: per step, the ranks known
+    to have run it (a torchft step committed without the groups out of its quorum); a step
+    that many ranks reported is complete. ``last`` when nothing more can be."""
     steps = summaries.step.to_numpy()
     ranks = summaries.ranks.to_numpy()
     ends = summaries.step_end.to_numpy(dtype=float)
     ready = (ranks >= ranks.max()) | (ends < np.nanmax(ends) - grace_s)
+    if expected is not None:
+        ready |= ranks >= expected
     waiting = steps[(steps > last) & ~ready]
     if not len(waiting):
         return int(steps.max())
@@ -245,7 +265,10 @@ class DetectionService:
             ends = (rows.start_time + rows.duration_s).to_numpy()
             for rank, t in zip(rows["rank"].to_numpy(), ends):
                 hd.observe(int(rank), float(t))
-        done_through = newest if final else scored_through(summaries, last, self.late_grace_s)
+        ft = _ft_width(tags)
+        expected = self._ft_expected(run_id, summaries, ft) if ft and not final else None
+        done_through = newest if final else scored_through(summaries, last, self.late_grace_s,
+                                                           expected)
         if done_through <= last:
             return []
         det = self._detectors.get(run_id)
@@ -264,7 +287,17 @@ class DetectionService:
                             "detection skipped", run_id, n_ranks - 1, rows["rank"].nunique())
             self._state[(run_id, attempt)] = done_through
             return []
-        topo = self._topology(rows, n_ranks, tags)
+        if ft and det is not None and det.topology is not None:
+            # a group out of the quorum sends nothing: its ranks keep their hosts
+            known = {r: det.topology.host_names[det.topology.rank_host[r]]
+                     for r in range(len(det.topology.rank_host))}
+            seen = set(rows["rank"].astype(int))
+            extra = pd.DataFrame({"rank": [r for r in known if r not in seen],
+                                  "host": [h for r, h in known.items() if r not in seen]})
+            rows_t = pd.concat([rows[["rank", "host"]], extra], ignore_index=True)
+        else:
+            rows_t = rows
+        topo = self._topology(rows_t, n_ranks, tags)
         if det is None or n_ranks > det.n or _moved(det.topology, topo):
             # a new world (an elastic resize put other hosts on these ranks): new subjects
             det = self._detectors[run_id] = StragglerDetector(self.config, n_ranks, topo)
@@ -288,6 +321,21 @@ class DetectionService:
         self._closed.add((run_id, attempt))
         det = self._detectors.get(run_id)
         return det.flush() if det is not None and det.attempt == attempt else []
+
+    def _ft_expected(self, run_id: str, summaries: Any, width: int) -> np.ndarray:
+        """Per summarised step of a torchft run, the ranks that ran it: the participating
+        groups of the latest ``quorum`` event at or before it, times the group's ranks
+        (0 where no quorum is known yet: the step waits as any other)."""
+        q = self.store.events(run_id, kinds=[EventKind.QUORUM])
+        steps = summaries.step.to_numpy()
+        if not len(q):
+            return np.zeros(len(steps))
+        q = q[q.step.notna() & q.world_size.notna()].sort_values(["step", "time"])
+        if not len(q):
+            return np.zeros(len(steps))
+        at = np.searchsorted(q.step.to_numpy(dtype=float), steps, side="right") - 1
+        groups = q.world_size.to_numpy(dtype=float)
+        return np.where(at >= 0, groups[np.clip(at, 0, None)] * width, 0.0)
 
     @staticmethod
     def _topology(rows: Any, n_ranks: int, tags: Any) -> Topology | None:
