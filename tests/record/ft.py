@@ -1,0 +1,51 @@
+"""Recipe: per-step fault tolerance with torchft (``examples/ft/scenario.py``).
+
+- ``torchft``: three replica groups (one torchrun each, one gloo rank per group) and a hot
+  spare under one torchft lighthouse; ``g1`` killed mid-step (it heals from a peer and
+  rejoins), ``g2`` slowed and evicted by the collector's ``/v1/actions`` while the others
+  go on, the spare ``g3`` joining in its place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from tests.harness import ROOT
+from tests.record import Capture, recipe
+
+#: torchft: the scenario's settings (``train_ft.py``'s defaults unless passed)
+FT = {"groups": 3, "nproc": 1, "steps": 200, "step_s": 0.05, "slow_s": 0.3, "batch": 8,
+      "killed": "g1", "slow": "g2", "spare": "g3", "min_confidence": 0.7, "min_groups": 2}
+
+
+def ft_scenario() -> ModuleType:
+    """``examples/ft/scenario.py`` as a module (it is a script, not a package)."""
+    name = "ft_scenario"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / "ft" / "scenario.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@recipe("torchft")
+def torchft(tmp: Path) -> Capture:
+    sc = ft_scenario().FTScenario(tmp, "ft", nproc=FT["nproc"], steps=FT["steps"],
+                                  step_s=FT["step_s"], timeout_s=400)
+    try:
+        summary = sc.run()
+    finally:
+        sc.stop()
+    t0 = summary["timeline"][0]["t"]
+    timeline = [{"what": m["what"], "t": m["t"], "after_s": round(m["t"] - t0, 3),
+                 **({"group": m["group"]} if "group" in m else {})}
+                for m in summary["timeline"]]
+    return Capture(Path(summary["db"]), "ft", tmp / "truth",
+                   {"settings": FT, "exit_codes": summary["exit_codes"],
+                    "timeline": timeline})
