@@ -23,7 +23,7 @@ import pandas as pd
 from goodlens.analysis.accounting import account_run
 from goodlens.analysis.checkpoints import checkpoint_table
 from goodlens.analysis.findings import detect_run, finding_dicts, run_tags, stored_findings
-from goodlens.analysis.report import fill_goodput, run_goodput
+from goodlens.analysis.report import fill_goodput, report_dict, run_goodput
 from goodlens.analysis.window import resolve_window, window_of
 from goodlens.detectors.stragglers import StragglerConfig
 from goodlens.detectors.topology import Topology
@@ -186,10 +186,26 @@ class RunData:
         events = self.store.events(run_id, kinds=[
             EventKind.FAILURE_DETECTED, EventKind.ATTEMPT_END, EventKind.PREEMPTED,
             EventKind.RANK_EVICTED, EventKind.RANK_JOINED, EventKind.WORLD_RESIZED,
-            EventKind.STRAGGLER_FLAGGED, EventKind.CKPT_SAVE_START])
-        return {"run": run_id, "info": self.store.run(run_id), "report": rep,
+            EventKind.STRAGGLER_FLAGGED, EventKind.CKPT_SAVE_START, EventKind.GROUP_START,
+            EventKind.GROUP_END, EventKind.STEP_DISCARDED])
+        info = self.store.run(run_id)
+        ft = self._fault_tolerance(run_id, info, lo, hi, exclude)
+        if ft is not None:  # as /v1/report: a torchft run's GPU-time is its groups'
+            rep["gpu_time_goodput"] = ft["gpu_time_goodput"]
+        return {"run": run_id, "info": info, "report": rep, "ft": ft,
                 "series": series, "attempts": self.store.attempts(run_id),
                 "events": _timeline_events(events)}
+
+    def _fault_tolerance(self, run_id: str, info: dict[str, Any] | None, lo: float | None,
+                         hi: float | None, exclude: tuple[str, ...]) -> dict[str, Any] | None:
+        """A torchft run's ``fault_tolerance`` section for the window (None for any other
+        run), taken from :func:`goodlens.analysis.report.report_dict` itself so the page
+        shows what ``/v1/report`` and ``goodlens report --json`` say."""
+        from goodlens.analysis.ft import is_ft_run
+        if not is_ft_run(run_tags(info)):
+            return None
+        return report_dict(self.store, run_id, since=lo, until=hi,
+                           exclude=exclude).get("fault_tolerance")
 
     def compare(self, items: list[str]) -> list[dict[str, Any]]:
         """Breakdowns side by side: each item is a run id, or ``RUN@ATTEMPT`` for one

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
+from goodlens.analysis.ft import GROUP_STATES
 from goodlens.model.jsonable import is_missing
 from goodlens.model.schema import EventKind
 from goodlens.model.units import format_duration
@@ -45,6 +46,22 @@ EVENT_STYLE = {  # kind: (label, colour, marker symbol)
     EventKind.WORLD_RESIZED: ("resize", "#8c564b", "square"),
     EventKind.STRAGGLER_FLAGGED: ("straggler flagged", "#ff7f0e", "star"),
 }
+#: Per-step fault tolerance (torchft) rows, drawn only for the events a run has: a replica
+#: group's start, its end by cause, and a step a group ran and did not commit.
+GROUP_FAILED, GROUP_EVICTED, GROUP_ENDED = "group_end:failed", "group_end:evicted", "group_end"
+FT_EVENT_STYLE = {
+    EventKind.GROUP_START: ("group started", "#17becf", "triangle-up-open"),
+    GROUP_FAILED: ("group failed", "#d62728", "x-open"),
+    GROUP_EVICTED: ("group evicted", "#ff7f0e", "triangle-down-open"),
+    GROUP_ENDED: ("group ended", "#7f7f7f", "square-open"),
+    EventKind.STEP_DISCARDED: ("discarded step", "#d62728", "circle-x-open"),
+}
+#: A replica group's states (``goodlens.analysis.ft.GROUP_STATES``): the buckets' colours
+#: where a state is one (progress, recompute, startup), restart's parts for its recovery.
+GROUP_STATE_COLORS = {"progress": "#2ca02c", "quorum": "#bcbd22", "recompute": "#d62728",
+                      "startup": "#8c564b", "detection": "#54278f", "restart": "#9467bd",
+                      "init": "#e7298a", "heal": "#1b9e77", "admission": "#9e9ac8",
+                      "spare_idle": "#c6dbef", "other": "#7f7f7f"}
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
            "font": {"size": 12},
            # a live redraw replaces the figure: keep the user's zoom and hidden traces
@@ -159,11 +176,14 @@ def goodput_series_figure(series: pd.DataFrame, x_range: list[str] | None = None
 
 
 def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float,
-                    x_range: list[str] | None = None) -> go.Figure:
+                    x_range: list[str] | None = None, ft: dict[str, Any] | None = None
+                    ) -> go.Figure:
     """Attempts as bars on a time axis (``x_range``: the rolling goodput's), and the job's
     events as markers above them: failures with their cause, checkpoints, evictions,
     resizes, flagged stragglers. Consecutive attempts alternate colours and each starts at a
-    tick with its number, so attempts that touch still read as two."""
+    tick with its number, so attempts that touch still read as two. A torchft run (``ft``:
+    its report's ``fault_tolerance``) adds its groups' starts and ends, discarded steps, each
+    group's heals as intervals and each recovery's time out of the quorum."""
     if not len(attempts):
         return empty_figure("no attempt yet")
     fig = _figure()
@@ -183,25 +203,70 @@ def timeline_figure(attempts: pd.DataFrame, events: pd.DataFrame, end: float,
                         hovertemplate=(f"attempt {a.attempt}: {format_duration(a_end - a.start)}"
                                        f", {reason}<extra></extra>"))
     rows = _event_rows(events)
-    for kind, (name, colour, symbol) in EVENT_STYLE.items():
+    extra = 0  # rows beyond the base layout's (a torchft run's), each one more row high
+    for kind, (name, colour, symbol) in {**EVENT_STYLE, **FT_EVENT_STYLE}.items():
         ev = events[rows == kind] if len(events) else events
         if not len(ev):
             continue
+        extra += kind in FT_EVENT_STYLE
         text = [_event_text(r) for r in ev.itertuples()]
         fig.add_scatter(x=_times(ev.time), y=[name] * len(ev), mode="markers", name=name,
                         marker={"color": colour, "symbol": symbol, "size": 10,
                                 "line": {"width": 2, "color": colour}},
                         text=text, hovertemplate="%{text}<extra></extra>")
-    fig.update_layout(height=120 + 28 * (1 + len(EVENT_STYLE)), title="Attempts and events",
-                      showlegend=False, yaxis={"type": "category"})
+    extra += _ft_intervals(fig, ft or {})
+    fig.update_layout(height=120 + 28 * (1 + len(EVENT_STYLE) + extra),
+                      title="Attempts and events", showlegend=False,
+                      yaxis={"type": "category"})
     if x_range:
         fig.update_xaxes(range=x_range, autorange=False)
     return fig
 
 
+def _interval_row(fig: go.Figure, row: str, spans: list[tuple[float, float, str]],
+                  colour: str) -> None:
+    """``(start, end, hover text)`` spans as thick segments on one timeline row, each end
+    marked (a heal of milliseconds on an hour's axis still shows as its mark)."""
+    x: list[Any] = []
+    text: list[str] = []
+    for a, b, t in spans:
+        x += [*_times([a, b]), None]
+        text += [t, t, ""]
+    fig.add_scatter(x=x, y=[row if v is not None else None for v in x], name=row,
+                    mode="lines+markers", line={"width": 10, "color": colour},
+                    marker={"symbol": "line-ns", "size": 16, "color": colour,
+                            "line": {"width": 2, "color": colour}},
+                    text=text, hovertemplate="%{text}<extra></extra>", connectgaps=False)
+
+
+def _ft_intervals(fig: go.Figure, ft: dict[str, Any]) -> int:
+    """A torchft run's heals (a row per group that healed) and recoveries (one row: each
+    restarted group from its last step to its first step back in the quorum) on the
+    timeline; how many rows were drawn."""
+    heals: dict[str, list[tuple[float, float, str]]] = {}
+    for h in ft.get("heals") or []:
+        if is_missing(h.get("start")) or is_missing(h.get("end")):
+            continue
+        size = "" if is_missing(h.get("bytes")) else f", {h['bytes']:,} bytes"
+        heals.setdefault(str(h["group"]), []).append((h["start"], h["end"], (
+            f"heal of {h['group']} to step {h.get('step')}: {format_duration(h['seconds'])}"
+            f"{size} from group {h.get('source')} over {h.get('transport')}"
+            + (", failed" if h.get("failed") else ""))))
+    for group in sorted(heals):
+        _interval_row(fig, f"heal {group}", heals[group], "#1b9e77")
+    out = [(r["last_step_end"], r["rejoined"], f"{r['group']} out of the quorum: "
+            f"{format_duration(r['out_s'])} (restart {r.get('attempt')})")
+           for r in ft.get("recoveries") or []
+           if not (is_missing(r.get("last_step_end")) or is_missing(r.get("rejoined")))]
+    if out:
+        _interval_row(fig, "group out", out, "#9467bd")
+    return len(heals) + bool(out)
+
+
 def _event_rows(events: pd.DataFrame) -> pd.Series:
     """Each event's row on the timeline: its kind, but for an eviction decision that
-    evicted nothing (:data:`EVICT_DRY_RUN`, :data:`EVICT_REFUSED`)."""
+    evicted nothing (:data:`EVICT_DRY_RUN`, :data:`EVICT_REFUSED`) and a replica group's
+    end, which has a row per cause (failed, evicted, else ended)."""
     if not len(events) or "cause" not in events:
         return events.kind if len(events) else pd.Series([], dtype=object)
     rows = events.kind.astype(object).copy()
@@ -209,16 +274,113 @@ def _event_rows(events: pd.DataFrame) -> pd.Series:
     evicted = events.kind == EventKind.RANK_EVICTED
     rows[evicted & (cause == "dry_run")] = EVICT_DRY_RUN
     rows[evicted & cause.str.startswith("refused")] = EVICT_REFUSED
+    ended = events.kind == EventKind.GROUP_END
+    rows[ended & (cause == "failed")] = GROUP_FAILED
+    rows[ended & (cause == "evicted")] = GROUP_EVICTED
     return rows
 
 
 def _event_text(r: Any) -> str:
-    parts = [f"{EVENT_STYLE.get(r.kind, (r.kind,))[0]} (attempt {r.attempt})"]
+    style = EVENT_STYLE.get(r.kind) or FT_EVENT_STYLE.get(r.kind) or (r.kind,)
+    parts = [f"{style[0]} (attempt {r.attempt})"]
     for col in ("cause", "step", "rank", "host", "tier", "label", "world_size"):
         v = getattr(r, col, None)
         if v is not None and pd.notna(v):
             parts.append(f"{col} {int(v) if isinstance(v, float) else v}")
     return ", ".join(parts)
+
+
+def participation_figure(ft: dict[str, Any], end: float | None = None,
+                         x_range: list[str] | None = None) -> go.Figure:
+    """The replica groups taking part in each committed step over time (a step plot of the
+    report's ``participation`` change points, held to ``end``: the run's end, else the
+    last group's), against the full world (the job's ``replica_groups``) as a dashed line."""
+    changes = ft.get("participation") or []
+    if not changes:
+        return empty_figure("no committed step yet")
+    full = int(ft.get("replica_groups") or 0)
+    last = max([c["time"] for c in changes] + [g.get("allocated_to") or 0.0
+                                                for g in ft.get("groups") or []])
+    stop = end if end is not None and end >= changes[-1]["time"] else last
+    xs = [c["time"] for c in changes] + [stop]
+    ys = [c["groups"] for c in changes] + [changes[-1]["groups"]]
+    text = [f"from step {c['step']}: {c['groups']} of {full} groups" for c in changes]
+    fig = _figure()
+    fig.add_scatter(x=_times(xs), y=ys, mode="lines", line_shape="hv", name="taking part",
+                    line={"color": "#2ca02c", "width": 3}, fill="tozeroy",
+                    text=[*text, text[-1]], hovertemplate="%{text}<extra></extra>")
+    fig.add_scatter(x=_times([xs[0], xs[-1]]), y=[full, full], mode="lines",
+                    name="full world", line={"color": "#7f7f7f", "dash": "dash"},
+                    hovertemplate=f"full world: {full} groups<extra></extra>")
+    top = max([full, *ys])
+    fig.update_layout(height=260, title="Replica groups taking part in each step",
+                      yaxis={"title": "groups", "range": [0, top + 0.5], "dtick": 1},
+                      legend={"orientation": "h", "y": -0.3})
+    if x_range:
+        fig.update_xaxes(range=x_range, autorange=False)
+    return fig
+
+
+def _group_label(g: dict[str, Any]) -> str:
+    notes = [n for n, on in (("spare", g.get("spare")), ("evicted", g.get("evicted")),
+                             (f"{g.get('attempts')} starts", (g.get("attempts") or 1) > 1))
+             if on]
+    return f"{g['group']} ({', '.join(notes)})" if notes else str(g["group"])
+
+
+def group_seconds_figure(ft: dict[str, Any]) -> go.Figure:
+    """The reduced-capacity view: each replica group's allocated GPU-time by state (the
+    report's ``groups[*].seconds`` times ``gpus_per_group``), one stacked bar per group,
+    each state's share of the group on hover."""
+    groups = ft.get("groups") or []
+    if not groups:
+        return empty_figure("no replica group yet")
+    gpus = float(ft.get("gpus_per_group") or 1)
+    states = list(GROUP_STATES) + sorted({k for g in groups for k in g["seconds"]}
+                                         - set(GROUP_STATES))
+    totals = [gpus * sum(g["seconds"].values()) for g in groups]
+    unit, per = _time_unit(max(totals))
+    names = [_group_label(g) for g in groups]
+    fig = _figure()
+    for state in states:
+        v = [gpus * (g["seconds"].get(state) or 0.0) for g in groups]
+        if not any(v):
+            continue
+        hover = [f"{n}, {label(state)}: {format_duration(x)} ({_pct(x, t)})"
+                 for n, x, t in zip(names, v, totals)]
+        fig.add_bar(y=names, x=[x / per for x in v], orientation="h", name=label(state),
+                    marker_color=GROUP_STATE_COLORS.get(state, "#bdbdbd"), text=hover,
+                    textposition="none", hovertemplate="%{text}<extra></extra>")
+    fig.update_layout(barmode="stack", height=140 + 36 * len(groups),
+                      xaxis_title=f"GPU-{unit}", title="Each replica group's GPU-time",
+                      yaxis={"categoryorder": "array", "categoryarray": names[::-1]},
+                      legend={"orientation": "h", "y": -0.3, "traceorder": "normal"})
+    return fig
+
+
+#: The sample view's parts, in the report's words, as the bar names them.
+SAMPLE_PARTS = (("committed", "committed", "#2ca02c"), ("discarded", "discarded", "#d62728"),
+                ("missing_groups", "never trained (groups out)", "#dadaeb"))
+
+
+def samples_figure(ft: dict[str, Any]) -> go.Figure:
+    """The sample view: samples committed, discarded and never trained (groups out of the
+    quorum), one stacked bar that adds up to what the full world would have trained."""
+    s = ft.get("samples") or {}
+    full = s.get("full_world") or 0.0
+    if not full > 0:
+        return empty_figure("no samples known")
+    fig = _figure()
+    for key, name, colour in SAMPLE_PARTS:
+        v = float(s.get(key) or 0.0)
+        fig.add_bar(y=["samples"], x=[v], orientation="h", name=name, marker_color=colour,
+                    hovertemplate=f"{name}: {v:,.0f} ({_pct(v, full)} of the full world)"
+                    "<extra></extra>")
+    fig.update_layout(barmode="stack", height=200, xaxis_title="samples",
+                      title=f"Samples against the full world's {full:,.0f}",
+                      yaxis={"visible": False},
+                      legend={"orientation": "h", "y": -0.5, "traceorder": "normal"})
+    return fig
 
 
 def heatmap_figure(grid: pd.DataFrame, value: str = "max") -> go.Figure:

@@ -16,6 +16,7 @@ from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
 from goodlens.analysis.findings import FINDING_COLUMNS, finding_cells
 from goodlens.analysis.measured import interval_advice
 from goodlens.dashboard import figures as fig
+from goodlens.dashboard.ft import ft_section
 from goodlens.dashboard.urlstate import PAGES
 from goodlens.model.jsonable import is_missing
 from goodlens.model.units import format_duration, format_instant
@@ -158,10 +159,8 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
                  a["steps"].get("kept", ""), a["steps"].get("recomputed", "")]
                 for a in rep["attempts"]]
     attempts = _table(["attempt", "start", "wall-clock", "goodput", "startup", "restart",
-                       "recompute",
-                       "steps kept", "steps redone"], att_rows, id="attempt-table")
+                       "recompute", "steps kept", "steps redone"], att_rows, id="attempt-table")
     end = rep["end"] if rep["end"] is not None else 0.0
-    win = rep.get("window") or {}
     x_range = None
     if win.get("run_end") is not None and win["run_end"] > win["run_start"]:
         x_range = fig.time_range(win["since"] if win.get("since") is not None
@@ -169,10 +168,11 @@ def overview_parts(d: dict[str, Any]) -> dict[str, Any]:
                                  win["until"] if win.get("until") is not None
                                  else win["run_end"])
     return {"ov-cards": cards, "ov-buckets": buckets, "ov-attempts": attempts,
-            "overview-exclude": _exclude_options(rep),
-            "breakdown-graph": fig.breakdown_figure(rep),
+            "overview-exclude": _exclude_options(rep), "breakdown-graph": fig.breakdown_figure(rep),
+            "ov-ft": ft_section(d.get("ft"), win.get("run_end"), x_range),
             "series-graph": fig.goodput_series_figure(d["series"], x_range),
-            "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end, x_range)}
+            "timeline-graph": fig.timeline_figure(d["attempts"], d["events"], end, x_range,
+                                                  d.get("ft"))}
 
 
 def _exclude_options(rep: dict[str, Any]) -> list[dict[str, Any]]:
@@ -212,7 +212,7 @@ TIME_GRAPH = {"doubleClick": "autosize"}
 
 #: The overview's parts: the Divs a refresh fills, and the graphs whose figure it replaces
 #: (the graphs stay mounted, so a live redraw keeps the user's zoom).
-OVERVIEW_DIVS = ("ov-cards", "ov-buckets", "ov-attempts")
+OVERVIEW_DIVS = ("ov-cards", "ov-buckets", "ov-attempts", "ov-ft")
 OVERVIEW_GRAPHS = ("breakdown-graph", "series-graph", "timeline-graph")
 
 
@@ -237,7 +237,7 @@ def overview_skeleton(parts: dict[str, Any] | None = None, exclude: list[str] | 
                   html.Div(live_graph("breakdown-graph", p), className="gl-col-wide")],
                  className="gl-row"),
         live_graph("series-graph", p, TIME_GRAPH),
-        live_graph("timeline-graph", p, TIME_GRAPH),
+        live_graph("timeline-graph", p, TIME_GRAPH), html.Div(p.get("ov-ft"), id="ov-ft"),
         html.H3("Attempts"), html.Div(p.get("ov-attempts"), id="ov-attempts"),
     ])
 
