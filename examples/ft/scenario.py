@@ -18,7 +18,8 @@ restarting it), all on loopback:
 4. every group reaches ``--steps`` committed steps; the store is left for ``goodlens
    report`` and the dashboard.
 
-``--quick``: steps 1 and 2 only, with two groups (the smoke test's run).
+``--quick``: steps 1 and 2 only, with two groups (the smoke test's run), ending ten steps
+after ``g1`` is back (``STATE/stop``) however long its restart took.
 Progress is read from the job's own clock files (``truth/``).
 
     python examples/ft/scenario.py --out .goodlens/ft   # then: goodlens report ...
@@ -124,7 +125,8 @@ class FTScenario(_Base):
         self.mark("kill_planted", group="g1")
         self.wait(lambda: self.said("g1", "rejoined"), "g1 healed and rejoined")
         self.mark("g1_rejoined")
-        if quick:
+        if quick:   # ten more steps together, then stop, however long g1 took
+            (self.state / "stop").write_text(str(self.max_step() + 10))
             return self._finish(["g0", "g1"])
         start = self.max_step()
         self.wait(lambda: self.max_step() >= start + 10, "10 steps on the healed world")
@@ -151,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".goodlens/ft", help="folder for the store and logs")
     p.add_argument("--run-id", default="ft")
-    p.add_argument("--steps", type=int, default=0, help="default: 200 (quick: 40)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="default: 200 (quick: at most 1000, ending 10 steps after g1 is back)")
     p.add_argument("--step-s", type=float, default=0.05, help="compute stand-in per step")
     p.add_argument("--nproc", type=int, default=1, help="ranks per replica group")
     p.add_argument("--quick", action="store_true", help="two groups, one killed and healed")
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(FileNotFoundError):
             os.remove(out / f"{args.run_id}.duckdb")
     out.mkdir(parents=True, exist_ok=True)
-    steps = args.steps or (40 if args.quick else 200)
+    steps = args.steps or (1000 if args.quick else 200)
     sc = FTScenario(out, args.run_id, args.nproc, steps, args.step_s, args.timeout,
                     args.evict)
     try:

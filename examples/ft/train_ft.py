@@ -16,6 +16,7 @@ Faults, each from a file the scenario creates under ``--state`` (so a test decid
 - with ``--evict on``, rank 0 of each group polls the collector's ``/v1/actions`` with the
   guard rails of :class:`goodlens.exporter.elastic.EvictionClient`; the group named by a
   confirmed ``evict`` leaves (``group_end`` cause ``evicted``) while the others go on;
+- ``stop``: holding a step number, every group stops there (instead of ``--steps``);
 - ``--spare``: the group waits (started, imported, model built: hot) until
   ``STATE/spare-go`` exists, then joins at the next quorum and heals from a peer.
 
@@ -24,7 +25,8 @@ step scope): the baseline of ``bench/torchft_overhead.py``.
 
 ``--truth``: each rank appends its own clock readings to
 ``rank<global rank>-attempt<group attempt>.jsonl``:
-its process start, each step with the participants and commit, the kill instant, the first
+its process start, each step with the participants, the commit and the process's CPU
+seconds so far (``cpu``), the kill instant, the first
 step after a heal, the slow-down's onset and the eviction.
 """
 
@@ -118,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
     timeout = timedelta(seconds=args.timeout_s)
+    store_addr, store_port, _store = incarnation_store(rank, attempt, timeout)
     manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load,
                       state_dict=save, min_replica_size=1, replica_id=f"g{args.group}",
                       timeout=timeout, quorum_timeout=timedelta(seconds=60),
-                      connect_timeout=timeout)
+                      connect_timeout=timeout, store_addr=store_addr,
+                      store_port=store_port)
     exporter = tracker = None
     if not args.no_goodlens:
         exporter = gft.exporter_for(args.group, args.groups, samples_per_step=args.batch,
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     healed_seen = attempt == 0 and not args.spare
     slow_seen = False
     gen = torch.Generator().manual_seed(args.group)
-    while manager.current_step() < args.steps:
+    while manager.current_step() < last_step(state, args.steps):
         kill = state is not None and rank == 0 and attempt == 0 and \
             (state / f"kill-g{args.group}").exists()
         slow = state is not None and (state / f"slow-g{args.group}").exists()
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         committed, discarded = (tracker.committed, tracker.discarded) if tracker else plain
         truth("step", start=t0, end=time.time(), step=step, committed=committed,
               discarded=discarded, participants=manager.num_participants(),
-              participating=counted)
+              participating=counted, cpu=time.process_time())
         if not healed_seen and manager.is_participating():
             healed_seen = True
             truth("rejoined", step=step)
@@ -182,6 +186,34 @@ def main(argv: list[str] | None = None) -> int:
         tracker.finish("completed")
     manager.shutdown(wait=False)
     return 0
+
+
+def last_step(state: Path | None, steps: int) -> int:
+    """``--steps``, or the step number in ``STATE/stop`` once it exists (the groups commit
+    in lockstep, so each stops at that same step)."""
+    try:
+        return int((state / "stop").read_text()) if state is not None else steps
+    except (OSError, ValueError):
+        return steps
+
+
+def incarnation_store(rank: int, attempt: int, timeout: timedelta) -> tuple[str, int, Any]:
+    """A store of this incarnation of the group for torchft's Manager: rank 0 starts it and
+    publishes its port in torchrun's store under the incarnation's number. torchrun's own
+    store outlives a restart, and torchft 0.2.0's Manager reads the group's manager address
+    from it: with two or more ranks a restarted rank 1 read the dead incarnation's address
+    and failed to connect, restart after restart. Returns (address, port, the store rank 0
+    must keep alive)."""
+    from torch.distributed import TCPStore
+
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    agent = TCPStore(addr, int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    key = f"goodlens_ft_store_{attempt}"
+    if rank == 0:
+        own = TCPStore(addr, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        agent.set(key, str(own.port))
+        return addr, own.port, own
+    return addr, int(agent.get(key).decode()), None
 
 
 def average_gradients(manager: Any, model: nn.Module) -> None:

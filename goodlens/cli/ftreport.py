@@ -49,7 +49,7 @@ def ft_text(ft: dict[str, Any]) -> str:
         lines.append("")
         lines.append(table(rows, [("g", "group"), ("a", "attempts"), *used]))
     for r in ft.get("recoveries") or []:
-        parts = [("detection", r.get("last_step_end"), r.get("detected")),
+        parts = [("in flight + detection", r.get("last_step_end"), r.get("detected")),
                  ("restart", r.get("detected"), r.get("restarted")),
                  ("init", r.get("restarted"), r.get("heal_start")),
                  ("heal", r.get("heal_start"), r.get("heal_end")),

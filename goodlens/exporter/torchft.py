@@ -15,7 +15,9 @@ job-wide restart, so goodlens records what changes every step instead:
 - ``heal_start`` / ``heal_end`` around each receive of a peer's live state (bytes, source
   replica, transport);
 - ``group_start`` (at the process's start, with ``group_attempt``: each restart of a group
-  is an attempt of that group, not of the job) and ``group_end``.
+  is an attempt of that group, not of the job) and ``group_end``;
+- ``rank_joined`` at a group's first step taking part again after it was out (cause
+  ``spare``, ``healed`` after a restart, or ``started`` at the job's start).
 
 The job's attempt stays 0 (``attempt_start`` at the first incarnation's start,
 ``attempt_end`` when a group completes), and a group's crash is a ``group_end`` with cause
@@ -50,7 +52,8 @@ def exporter_for(group: int, groups: int, *, group_rank: int | None = None,
     """A :class:`~goodlens.exporter.recorder.RankExporter` for one rank of replica group
     ``group`` (0-based) of ``groups``: global rank ``group * group_world_size +
     group_rank`` (torchrun's ``RANK``/``WORLD_SIZE`` are the group's), attempt 0 for the
-    whole job, and the run's tags saying it is a torchft job of ``groups`` groups."""
+    whole job, and the run's tags saying it is a torchft job of ``groups`` groups
+    (``samples_per_step``: what this rank trains in a step; every rank of a group alike)."""
     from goodlens.exporter.recorder import RankExporter
 
     g_rank = int(os.environ.get("RANK", 0)) if group_rank is None else group_rank
@@ -58,8 +61,8 @@ def exporter_for(group: int, groups: int, *, group_rank: int | None = None,
         else group_world_size
     tags = {"fault_tolerance": "torchft", "replica_groups": groups,
             "group_world_size": g_world, "spare_groups": spare_groups}
-    if samples_per_step is not None:
-        tags["samples_per_group_step"] = samples_per_step
+    if samples_per_step is not None:   # this rank's; the group's ranks train alike
+        tags["samples_per_group_step"] = samples_per_step * g_world
     meta = dict(overrides.pop("run_meta", {}) or {})
     meta.setdefault("world_size", groups * g_world)
     meta["tags"] = json.dumps({**json.loads(meta.get("tags") or "{}"), **tags})
@@ -95,6 +98,8 @@ class FTTracker:
         self._lock = threading.Lock()
         self.committed = 0
         self.discarded = 0
+        self._counted = False   # whether its last committed step counted (took part)
+        self.healed = False     # whether this incarnation received a peer's state
 
     # -- the training loop ------------------------------------------------------
     def step(self) -> _StepContext:
@@ -143,6 +148,11 @@ class FTTracker:
                                     "quorum_id": self._quorum_id})
             return
         self.committed += 1
+        if participating and not self._counted and self.lead:
+            # its first step counted: a spare, a restarted group or a late starter joined
+            cause = "spare" if self.spare else ("healed" if self.healed else "started")
+            self._event(EventKind.RANK_JOINED, time_s=wall0, step=step, cause=cause)
+        self._counted = participating
         wait = None if reduced is None else max(0.0, t1 - reduced)
         samples = self.samples if participating else 0  # None: not told, and it counted
         self.exporter.record_step(step, wall0, duration, collective_wait_s=wait,
@@ -212,6 +222,7 @@ class FTTracker:
                 self._event(EventKind.HEAL_END, step=step, cause="failed")
                 raise
             self._event(EventKind.HEAL_END, step=step, bytes=_state_bytes(state))
+            self.healed = self.healed or self.group_attempt > 0 or self.spare
             return state
 
         transport.recv_checkpoint = recv_checkpoint
@@ -280,7 +291,7 @@ def instrument(manager: Any, exporter: Any, *, group: str | int,
 
     ``group``: this replica group's name (``replica_id`` without torchft's uuid);
     ``group_rank``: this process's rank in the group (torchrun's ``RANK``);
-    ``samples_per_step``: samples the group trains per committed step (for the sample
+    ``samples_per_step``: samples this rank trains per committed step (for the sample
     view); ``spare``: a group started to stand in for a failed or evicted one;
     ``group_attempt``: this incarnation of the group (torchrun's
     ``TORCHELASTIC_RESTART_COUNT``). Returns the tracker whose ``step()`` times each step.

@@ -5,7 +5,8 @@ Why: only a live run shows the torchft integration on torchft's own processes: a
 (``torchft_lighthouse``), one torchrun per replica group restarting it, a group killed
 mid-step, the survivor discarding the step and going on alone, the restarted group healing
 from the survivor's memory and rejoining. ``examples/ft/scenario.py --quick`` runs it: two
-groups of one gloo rank each, ``g1`` killed after 20 steps.
+groups of two gloo ranks each (the recording has one rank per group), ``g1`` killed after
+20 steps, the job ending ten steps after ``g1`` is back.
 
 A smoke test: it asserts only what a loaded machine cannot change (the events are there in
 their causal order, the killed group is the one that restarted and healed, the wall-clock
@@ -32,7 +33,7 @@ def test_a_killed_replica_group_heals_while_the_other_trains(tmp_path: Path) -> 
     from goodlens.storage.store import Store
     from tests.record.ft import ft_scenario
 
-    sc = ft_scenario().FTScenario(tmp_path, "ft", nproc=1, steps=40, timeout_s=240)
+    sc = ft_scenario().FTScenario(tmp_path, "ft", nproc=2, steps=1000, timeout_s=240)
     try:
         summary = sc.run(quick=True)
     finally:
@@ -63,4 +64,6 @@ def test_a_killed_replica_group_heals_while_the_other_trains(tmp_path: Path) -> 
     assert len(heals) >= 1 and (heals.bytes > 0).all()
     ends = ev[ev.kind == "group_end"]
     assert set(ends.label) == {"g0", "g1"} and set(ends.cause) == {"completed"}
-    assert ft["steps"]["committed"] == 40 and ft["steps"]["short"] >= 1
+    stop = int((tmp_path / "state" / "stop").read_text())
+    assert ft["steps"]["committed"] == stop and ft["steps"]["short"] >= 1
+    assert ft["group_world_size"] == 2

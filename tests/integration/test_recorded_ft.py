@@ -201,3 +201,19 @@ def test_the_spare_joins_at_a_quorum(job: JobResult) -> None:
     # idle from its start until told to go, then a heal and its admission
     assert spare["seconds"]["spare_idle"] >= go["time"] - start["at"] - PROCESS_START_S
     assert spare["seconds"]["heal"] > 0
+    # recorded with its cause, at that step
+    joined = job.events[(job.events.kind == "rank_joined") &
+                        (job.events["rank"] == _index(s["spare"]))]
+    assert list(joined.cause) == ["spare"]
+    assert float(joined.time.iloc[0]) == pytest.approx(first["start"], abs=SAME_READING_S)
+
+
+def test_the_healed_group_is_recorded_rejoining(job: JobResult) -> None:
+    killed = job.job["settings"]["killed"]
+    (back,) = job.lines("rejoined", rank=_index(killed), attempt=1)
+    first = next(x for x in _steps(job, killed, 1) if x["step"] == back["step"])
+    ev = job.events[(job.events.kind == "rank_joined") &
+                    (job.events["rank"] == _index(killed))]
+    healed = ev[ev.cause == "healed"]
+    assert len(healed) == 1
+    assert float(healed.time.iloc[0]) == pytest.approx(first["start"], abs=SAME_READING_S)
