@@ -93,6 +93,7 @@ bench: $(VENV)/.stamp-test
 	$(BIN)/python bench/cluster.py
 	$(BIN)/python bench/torch_overhead.py
 	$(BIN)/python bench/integrations.py
+	$(BIN)/python bench/torchft_overhead.py
 	$(BIN)/python bench/accuracy.py
 
 screenshots: $(VENV)/.stamp-test system-deps
@@ -113,6 +114,22 @@ demo-faults: $(VENV)/.stamp-test
 	$(BIN)/python examples/elastic/scenario.py --out $(FAULTS_DIR)
 	$(BIN)/goodlens report --db $(FAULTS_DIR)/faults.duckdb --run faults
 	@echo "dashboard: $(BIN)/goodlens dashboard --db $(FAULTS_DIR)/faults.duckdb --port $(PORT)"
+
+# The same fault schedule two ways (docs/ft.md): torchrun restarts from DCP checkpoints,
+# then torchft; both runs in one store for the dashboard's compare view.
+FT_DIR ?= .goodlens/ft
+.PHONY: demo-ft
+demo-ft: $(VENV)/.stamp-test
+	rm -rf $(FT_DIR)
+	$(BIN)/python examples/elastic/scenario.py --out $(FT_DIR)/restart --run-id restart \
+	  --nproc 1 --steps 200 --global-batch 24 --micro-batch 4 --compute-ms 25 --slow-pct 600
+	$(BIN)/python examples/ft/scenario.py --out $(FT_DIR)/torchft --run-id torchft --steps 200
+	$(BIN)/python examples/ft/compare.py $(FT_DIR)/restart/restart.duckdb restart \
+	  $(FT_DIR)/torchft/torchft.duckdb torchft
+	$(BIN)/goodlens export --db $(FT_DIR)/restart/restart.duckdb --run restart --out $(FT_DIR)/trace
+	$(BIN)/goodlens import $(FT_DIR)/trace --db $(FT_DIR)/torchft/torchft.duckdb
+	@echo "compare: $(BIN)/goodlens dashboard --db $(FT_DIR)/torchft/torchft.duckdb --port $(PORT)" \
+	  "then /compare?runs=restart,torchft"
 
 sample-data: $(VENV)/.stamp-run
 	$(BIN)/python sample_data/generate.py
