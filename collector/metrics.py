@@ -67,6 +67,7 @@ class GoodlensCollector(Collector):
         runs = self.keeper.exported()
         yield from _progress(runs)
         yield from _accounting(runs)
+        yield from _fault_tolerance(runs)
         if self.detection is not None:
             exported = {st.row.run_id for st in runs}
             yield from _stragglers(self.detection, exported)
@@ -169,6 +170,40 @@ def _accounting(runs: list[RunStatus]) -> Iterator[Metric]:
                     family.add_metric([st.row.run_id, name], _f(v))
         when.add_metric(run, _f(st.row.computed_at))
     yield from (ratio, gpu, wall, buckets, parts, startup, when)
+
+
+def _fault_tolerance(runs: list[RunStatus]) -> Iterator[Metric]:
+    """torchft runs only (their report's ``fault_tolerance``): the groups taking part
+    against the full world, the samples view and each state's GPU-seconds; a few series
+    per run, none per group or rank."""
+    groups = GaugeMetricFamily("goodlens_run_ft_replica_groups", "Replica groups of the "
+                               "run's full world (torchft)", labels=["run"])
+    taking = GaugeMetricFamily("goodlens_run_ft_groups_participating", "Replica groups "
+                               "in the latest committed step (torchft)", labels=["run"])
+    samples = GaugeMetricFamily("goodlens_run_ft_sample_goodput_ratio", "Samples committed "
+                                "over what the full world would have in the same steps",
+                                labels=["run"])
+    gpu = GaugeMetricFamily("goodlens_run_ft_gpu_seconds", "Allocated GPU-seconds of the "
+                            "replica groups by state; they sum to the allocation",
+                            labels=["run", "state"])
+    restarts = CounterMetricFamily("goodlens_run_ft_group_restarts", "Restarts of a "
+                                   "replica group (the job went on)", labels=["run"])
+    for st in runs:
+        ft = (st.row.report or {}).get("fault_tolerance")
+        if not ft:
+            continue
+        run = [st.row.run_id]
+        groups.add_metric(run, _f(ft.get("replica_groups")))
+        part = ft.get("participation") or []
+        if part:
+            taking.add_metric(run, _f(part[-1].get("groups")))
+        if (ft.get("samples") or {}).get("goodput") is not None:
+            samples.add_metric(run, _f(ft["samples"]["goodput"]))
+        for name, v in (ft.get("gpu_seconds") or {}).items():
+            if name != "allocated":
+                gpu.add_metric([st.row.run_id, name], _f(v))
+        restarts.add_metric(run, float(len(ft.get("recoveries") or [])))
+    yield from (groups, taking, samples, gpu, restarts)
 
 
 def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:

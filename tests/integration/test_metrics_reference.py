@@ -28,6 +28,7 @@ def _documented() -> dict[str, tuple[str, set[str]]]:
 def test_the_metrics_page_lists_every_exported_series(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.duckdb")
     import_trace(store, ROOT / "sample_data" / "demo")
+    import_trace(store, ROOT / "tests" / "fixtures" / "runs" / "torchft")  # the ft series
     writer = Writer(store).start()
     try:
         svc = DetectionService(store, writer)

@@ -29,6 +29,8 @@ SAME_READING_S = 0.005
 PROCESS_START_S = 0.02
 
 
+METRICS: dict[str, str] = {}
+"""``/metrics`` as the last detection pass left it."""
 OFFERED: dict[str, float] = {}
 """Host -> the first detection pass (its recorded instant) whose ``/v1/actions`` offered
 an ``evict`` for it."""
@@ -39,6 +41,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
     def poll(col: object, now: float) -> None:
         for f in col.get("/v1/actions", run="ft")["evict"]:  # type: ignore[attr-defined]
             OFFERED.setdefault(f["host"], now)
+        col.sync()  # type: ignore[attr-defined]
+        METRICS["text"] = col.http("GET", "/metrics")[1]  # type: ignore[attr-defined]
     return replay("torchft", tmp_path_factory.mktemp("torchft"), each_pass=poll)
 
 
@@ -217,3 +221,25 @@ def test_the_healed_group_is_recorded_rejoining(job: JobResult) -> None:
     healed = ev[ev.cause == "healed"]
     assert len(healed) == 1
     assert float(healed.time.iloc[0]) == pytest.approx(first["start"], abs=SAME_READING_S)
+
+
+def _series(name: str) -> dict[str, float]:
+    """``/metrics`` samples of ``name`` for run ``ft``: label text -> value."""
+    out = {}
+    for line in METRICS["text"].splitlines():
+        if line.startswith(name + "{") and 'run="ft"' in line:
+            labels, value = line[len(name):].rsplit(" ", 1)
+            out[labels] = float(value)
+    return out
+
+
+def test_metrics_carry_the_groups_and_their_restarts(job: JobResult) -> None:
+    s = job.job["settings"]
+    (groups,) = _series("goodlens_run_ft_replica_groups").values()
+    assert groups == s["groups"]
+    (now,) = _series("goodlens_run_ft_groups_participating").values()
+    assert now == s["groups"]                      # g0, g1 healed, g3 for g2: whole again
+    (restarts,) = _series("goodlens_run_ft_group_restarts_total").values()
+    assert restarts == 1                           # g1, killed once
+    gpu = _series("goodlens_run_ft_gpu_seconds")
+    assert sum(gpu.values()) == pytest.approx(_ft(job)["gpu_seconds"]["allocated"], rel=1e-6)
