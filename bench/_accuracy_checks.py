@@ -96,6 +96,15 @@ AGAINST: dict[str, str] = {
     "hang_last_seen": "hang finding's last_seen - the latest step end on the job's clock "
                       "(s)",
     "hang_called_after": "hang finding's silent_s - the recipe's hang floor (s)",
+    "ft_detected": "torchft: the killed group's recovery `detected` - the survivors' own end "
+                   "of the step they discarded (s)",
+    "ft_restarted": "torchft: `restarted` - the restarted group's process start (s)",
+    "ft_rejoined": "torchft: `rejoined` - its own start of its first step taking part (s)",
+    "ft_samples": "torchft: samples committed against each group's own count of the steps "
+                  "it took part in, times the batch",
+    "ft_short_steps": "torchft: steps run short - committed steps fewer groups took part "
+                      "in (count)",
+    "other_groups_evicted": "torchft: groups evicted other than the slowed one (count)",
 }
 
 Check = Callable[[str, JobResult], list[Estimate]]
@@ -289,6 +298,47 @@ def elastic(name: str, res: JobResult) -> list[Estimate]:
                      start, "steps"),
             Estimate("other_nodes_evicted",
                      len({x["host"] for x in res.lines("evict")} - {s["slow_node"]}), 0, "n")]
+
+
+@family("torchft*")
+def torchft(name: str, res: JobResult) -> list[Estimate]:
+    """The torchft scenario (``tests/record/ft.py``): the killed group's recovery against
+    its own and the survivors' clocks, the samples and short steps against each group's
+    own participation, and the eviction."""
+    s = res.job["settings"]
+    ft = res.report.get("fault_tolerance") or {}
+    killed = int(s["killed"].removeprefix("g"))
+    rec = next((r for r in ft.get("recoveries", []) if r["group"] == s["killed"]), {})
+    gave_up, took_part = [], {}
+    for (rank, attempt), lines in res.truth.items():
+        steps = [x for x in lines if x["kind"] == "step"]
+        for prev, x in zip([{"discarded": 0, "committed": 0}, *steps], steps):
+            if rank != killed and attempt == 0 and x["discarded"] > prev["discarded"]:
+                gave_up.append(x["end"])
+            if x["committed"] > prev["committed"] and x.get("participating"):
+                took_part[x["step"]] = took_part.get(x["step"], 0) + 1
+    started = res.lines("process_start", rank=killed, attempt=1)
+    back = res.lines("rejoined", rank=killed, attempt=1)
+    first = [x["start"] for x in res.lines("step", rank=killed, attempt=1)
+             if back and x["step"] == back[0]["step"]]
+    committed = set(took_part) | {x["step"] for x in res.lines("step")
+                                  if x["committed"] > 0}
+    short = sum(1 for n in committed if took_part.get(n, 0) < s["groups"])
+    onset = res.lines("slow_onset")
+    left = res.lines("evicted")
+    out = [Estimate("ft_detected", rec.get("detected"), min(gave_up), "s") if gave_up else None,
+           Estimate("ft_restarted", rec.get("restarted"), started[0]["at"], "s")
+           if started else None,
+           Estimate("ft_rejoined", rec.get("rejoined"), first[0], "s") if first else None,
+           Estimate("ft_samples", (ft.get("samples") or {}).get("committed"),
+                    sum(took_part.values()) * s["batch"]),
+           Estimate("ft_short_steps", (ft.get("steps") or {}).get("short", 0) - short, 0, "n"),
+           Estimate("eviction_delay", left[0]["step"] if left else None,
+                    onset[0]["step"], "steps") if onset else None,
+           Estimate("other_groups_evicted",
+                    len({g["group"] for g in ft.get("groups", []) if g["evicted"]}
+                        - {s["slow"]}), 0, "n")]
+    return [e for e in out if e is not None]
 
 
 def framework_job(name: str, res: JobResult) -> list[Estimate]:
