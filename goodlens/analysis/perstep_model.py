@@ -89,9 +89,12 @@ def per_step_goodput(*, mtbf_s: float, step_s: float, replica_groups: int, quoru
     p_fb = sum(pk[k] * (R - k) for k in range(max(0, R - min_replicas - kg + 1), R)) / up
     lam *= 1 - pi
     lost = (1 - p_fb) * (d + 2 * q) + p_fb * restart_loss_s
-    goodput = (1 - lam * lost - startup_share) / (1 + checkpoint_overhead) * step_s / d
+    # first order: a failure rate at which the losses outgrow the time makes no progress
+    # (0), never a negative goodput
+    goodput = max(0.0, (1 - lam * lost - startup_share) / (1 + checkpoint_overhead)
+                  * step_s / d)
     short = max(0.0, out - d / 2 - 2 * q)
-    sample = goodput * (1 - lam * (1 - p_fb) * short * kg / R)
+    sample = goodput * max(0.0, 1 - lam * (1 - p_fb) * short * kg / R)
     return {"goodput": goodput, "sample_goodput": sample,
             "gpu_time_goodput": sample * R / (R + spare_groups), "failures_per_s": lam,
             "restart_share": p_fb, "lost_s_per_failure": lost, "short_s": short,
@@ -118,7 +121,8 @@ class MeasuredPerStep:
     mtbf_s: float | None
     """Wall-clock over failures."""
     detect_s: float | None
-    """Median failure to detection, over the recoveries that say both."""
+    """Median failure to detection, over the recoveries that say both (without a recorded
+    failure instant, from the group's last step's end: the step in flight and detection)."""
     group_restart_s: float | None
     """Median detection to the heal's start (restart and init), where both are known."""
 
@@ -163,5 +167,6 @@ def measured_per_step(ft: Mapping[str, Any], wall_clock_s: float | None = None
     rate = n / (wall / 3600.0) if wall and wall > 0 else None
     return MeasuredPerStep(len(heals), _med(hs), bw, changes, quorum, n, rate,
                            (wall / n) if wall and n else None,
-                           _med(gaps("failure", "detected")),
+                           _med(gaps("failure", "detected") or
+                                gaps("last_step_end", "detected")),
                            _med(gaps("detected", "heal_start")))

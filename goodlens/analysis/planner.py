@@ -248,8 +248,8 @@ def _policies(nodes: int, lost: int, gpus_per_node: int, frac: float, mtbf_s: fl
 
     def outlook(lost_s: float, capacity_s: float, spare_nodes: int) -> PolicyOutlook:
         # capacity_s: seconds of the full world's capacity missing per failure
-        g = (1 - lost_s / mtbf_s) / (1 + over)
-        sample = g * (1 - capacity_s / mtbf_s)
+        g = max(0.0, (1 - lost_s / mtbf_s) / (1 + over))  # losses past the MTBF: none
+        sample = g * max(0.0, 1 - capacity_s / mtbf_s)
         return PolicyOutlook(lost_s, (lost_s + capacity_s) * gpus / 3600.0, g,
                              sample * nodes / (nodes + spare_nodes), sample)
     out = {"restart": outlook(redo + restart_s, 0.0, 0)}

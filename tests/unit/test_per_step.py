@@ -241,3 +241,14 @@ def test_simulate_cli_per_step():
     r = CliRunner().invoke(cli, ["simulate", "--preset", "test-16", "--set", "elastic=per_step",
                                  "--set", "replica_groups=2", "--out", "x"])
     assert r.exit_code == 2 and "per_step" in r.output
+
+
+def test_failures_faster_than_their_cost_make_no_progress_not_negative():
+    # MTBF 30 s against a restart losing 60 + 900 + 5 + 900 s: no time is left for steps
+    e = elastic_plan(16, 1, 2, 256, mtbf_s=30.0, step_s=10.0, detect_s=60.0,
+                     interval_s=1800.0, checkpoint_cost_s=60.0, restart_s=900.0,
+                     replica_groups=4, quorum_s=5.0, group_restart_s=300.0, heal_s=20.0)
+    for name, p in e.policies.items():
+        assert 0.0 <= p.goodput <= 1.0, name
+        assert 0.0 <= p.sample_goodput <= p.goodput, name
+    assert e.policies["restart"].goodput == 0.0
