@@ -68,7 +68,10 @@ class ServerProcess:
     def healthy(self) -> bool:
         raise NotImplementedError
 
-    def start(self, timeout: float = 30.0) -> Any:
+    def start(self, timeout: float = 120.0) -> Any:
+        """Start the process and wait until it answers. ``timeout`` is a deadline, not a
+        claim: pinned to one core beside 16 exporter processes, a collector restarting on
+        its store took over 30 s to answer."""
         log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=self.env,
                                      stdout=log, stderr=log)
@@ -123,7 +126,7 @@ class Collector(ServerProcess):
     def healthy(self) -> bool:
         return http("GET", self.url + "/healthz", timeout=1)[0] == 200
 
-    def start(self, timeout: float = 30.0) -> Collector:
+    def start(self, timeout: float = 120.0) -> Collector:
         return super().start(timeout)
 
     def http(self, method: str, path: str, body: bytes | None = None,
@@ -245,7 +248,7 @@ class Relay(ServerProcess):
         status, body = http("GET", self.url + "/healthz", timeout=0.5)
         return status == 200 and isinstance(body, dict) and body.get("relay") is True
 
-    def start(self, timeout: float = 30.0) -> Relay:
+    def start(self, timeout: float = 120.0) -> Relay:
         return super().start(timeout)
 
     def health(self) -> dict:
