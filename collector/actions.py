@@ -11,7 +11,10 @@ A finding is offered while it is open (not ``resolved``) with action ``evict``, 
 node: a host finding, or a rank finding whose host is known (a switch is not one node).
 Each carries its stable ``id``, so a job decides once per finding however often it polls,
 and its state as of the detector's last scored step (confidence and wait grow while the
-finding lasts; see ``DetectionService._refresh``).
+finding lasts; see ``DetectionService._refresh``): what it costs the job with the others in
+it (``job_slowdown``), its part of what the open findings cost together
+(``job_slowdown_part``) and that whole (``joint_job_slowdown``, the same on each), so a job
+that evicts by cost sees two overlapping stragglers' cost, not two zeros.
 """
 
 from __future__ import annotations
@@ -45,12 +48,18 @@ def evictions(detection: Any, run_id: str) -> list[dict[str, Any]]:
         out.append({"id": f.id, "subject_kind": f.subject_kind, "subject_id": f.subject_id,
                     "host": host, "ranks": [int(r) for r in f.ranks], "action": f.action,
                     "confidence": float(f.confidence), "slowdown": float(f.slowdown),
-                    "job_slowdown": None if f.job_slowdown is None else float(f.job_slowdown),
+                    "job_slowdown": _ratio(f.job_slowdown),
+                    "job_slowdown_part": _ratio(f.job_slowdown_part),
+                    "joint_job_slowdown": _ratio(f.joint_job_slowdown),
                     "straggler_wait_s": float(f.straggler_wait_s),
                     "first_step": int(f.first_step), "detected_step": int(f.detected_step),
                     "last_step": int(f.last_step), "attempt": f.attempt,
                     "status": f.status})
     return sorted(out, key=lambda x: (x["detected_step"], x["id"]))
+
+
+def _ratio(v: float | None) -> float | None:
+    return None if v is None else float(v)
 
 
 def actions_route(api: Any) -> Route:

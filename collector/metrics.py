@@ -221,6 +221,15 @@ def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
                             "reaches the collective than the latest rank outside it, over "
                             "the step time the job would have without it",
                             labels=["run", "kind", "subject", "action"])
+    part = GaugeMetricFamily("goodlens_straggler_job_slowdown_part_ratio", "Each flagged "
+                             "rank, host or switch's part of what the open findings cost the "
+                             "job's step together (the parts add up to "
+                             "goodlens_run_straggler_joint_job_slowdown_ratio)",
+                             labels=["run", "kind", "subject", "action"])
+    joint = GaugeMetricFamily("goodlens_run_straggler_joint_job_slowdown_ratio", "What the "
+                              "open straggler findings cost the job's step together: the "
+                              "step with them against the step without any of them",
+                              labels=["run"])
     cost = GaugeMetricFamily("goodlens_straggler_wait_per_hour_seconds", "Wait a flagged "
                              "subject costs per hour if left alone",
                              labels=["run", "kind", "subject"])
@@ -235,16 +244,22 @@ def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
             continue
         count.add_metric([run_id], float(len({r for f in findings for r in f.ranks})))
         latest = {(f.subject_kind, str(f.subject_id)): f for f in findings}  # per subject
+        if findings:   # the run's figure as the finding reported last states it
+            now = max(findings, key=lambda f: f.last_step)
+            if now.joint_job_slowdown is not None:
+                joint.add_metric([run_id], now.joint_job_slowdown)
         for (kind, subject), f in latest.items():
             slow.add_metric([run_id, kind, subject, f.action], f.slowdown)
             if f.job_slowdown is not None:
                 job.add_metric([run_id, kind, subject, f.action], f.job_slowdown)
+            if f.job_slowdown_part is not None:
+                part.add_metric([run_id, kind, subject, f.action], f.job_slowdown_part)
             cost.add_metric([run_id, kind, subject], f.wait_per_hour_s)
             waited.add_metric([run_id, kind, subject], f.straggler_wait_s)
             t = detection.onset(run_id, f.id)
             if t is not None:
                 onset.add_metric([run_id, kind, subject], t)
-    yield from (count, slow, job, cost, waited, onset)
+    yield from (count, slow, job, part, joint, cost, waited, onset)
 
 
 def _self_metrics(writer: Writer) -> Iterator[Metric]:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from dash import dcc, html
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
-from goodlens.analysis.findings import FINDING_COLUMNS, finding_cells
+from goodlens.analysis.findings import FINDING_COLUMNS, SLOWDOWN_TITLES, finding_cells
 from goodlens.analysis.measured import interval_advice
 from goodlens.dashboard import figures as fig
 from goodlens.dashboard.ft import ft_section
@@ -292,14 +292,6 @@ _FINDINGS_SOURCE = {
 }
 
 
-#: The findings table's two slowdowns, what each means on hover (docs/detectors.md).
-_SLOWDOWN_TITLES = {
-    "slowdown": "{:.4f}: its excess time to reach the collective, over its siblings' "
-                "(what the detector scores and --evict-at compares)",
-    "job_slowdown": "{:.4f}: what it costs the job's step, over the step the job would "
-                    "have without it",
-}
-
 
 def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
     """Heatmap, flagged stragglers with slowdown, cost and action, host and switch roll-up,
@@ -307,8 +299,8 @@ def ranks_parts(d: dict[str, Any], pool: str = "max") -> dict[str, Any]:
     f_rows = []
     for f in sorted(d["findings"], key=lambda f: -(f["wait_per_hour_s"] or 0)):
         cells = finding_cells(f)
-        f_rows.append([html.Td(cells[k], title=_SLOWDOWN_TITLES[k].format(f[k]))
-                       if k in _SLOWDOWN_TITLES and f.get(k) is not None else
+        f_rows.append([html.Td(cells[k], title=SLOWDOWN_TITLES[k].format(f[k]))
+                       if k in SLOWDOWN_TITLES and f.get(k) is not None and cells[k] else
                        html.Td(cells[k], className=f"gl-action-{f['action']}")
                        if k == "action" else cells[k] for k, _ in FINDING_COLUMNS])
     running = d["findings_source"] in ("pending", "detecting")  # no pass has ended yet

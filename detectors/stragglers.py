@@ -97,7 +97,18 @@ class Finding:
     steps 10% longer than without it): medians over the last 64 steps since onset. Smaller
     than ``slowdown`` where collectives are a real share of the step (under FSDP2 they can
     be most of it) or where the other ranks' times spread; None where no step of the
-    subject's is known (or it covers every rank)."""
+    subject's is known (or it covers every rank). The others stay in the job: where two
+    stragglers overlap each hides the other's cost (see ``job_slowdown_part``)."""
+    job_slowdown_part: float | None = None
+    """This finding's part of ``joint_job_slowdown``: the open findings, slowest first,
+    are removed one at a time and each is charged the drop in the job's latest ready time
+    its own removal causes (a rank finding inside a flagged host keeps its rank; the host
+    is charged for its other ranks). The parts of the open findings add up to the joint
+    figure; None where it is not known."""
+    joint_job_slowdown: float | None = None
+    """What every finding open at ``last_step`` costs the job's step together (the run's
+    figure, the same on each of them): the median step's latest ready time with them
+    against without any of them, over the step the job would have without them."""
 
 
 @dataclass
@@ -159,6 +170,9 @@ class StragglerDetector:
         self._k_floor = float(np.log1p(self.config.drift_k))
         self.attempt: int | None = None
         self._open: dict[int, _Open] = {}
+        # the open findings' joint cost, kept for the step it was read at (see _joint)
+        self._joint_key: tuple | None = None
+        self._joint_val: tuple[float | None, dict[int, float]] = (None, {})
         self.reset()
 
     def reset(self, attempt: int | None = None) -> None:
@@ -473,9 +487,10 @@ class StragglerDetector:
         conf = float(np.clip(1.0 - 0.5 * cfg.threshold_h / max(score, 1e-9), 0.0, 1.0))
         host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
             None, None, "the rest of the job")
+        joint, parts = self._joint()
         return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
                        max(wait, 0.0), per_hour, action, conf, attempt, "update", o.id, step,
-                       host, sw, rel, self._job(members, o))
+                       host, sw, rel, self._job(members, o), parts.get(i), joint)
 
     def _ranks(self, i: int) -> tuple[str, int, list[int]]:
         """Unit ``i``'s kind, index among its kind, and the ranks it covers."""
@@ -489,6 +504,24 @@ class StragglerDetector:
         restored ones included)."""
         return self._recent.job_slowdown(ranks, o.first_step if o.attempt == self.attempt
                                          else None)
+
+    def _joint(self) -> tuple[float | None, dict[int, float]]:
+        """The open findings' joint job slowdown and each one's part (by unit), over the
+        recent steps since the latest onset among them (every step of this attempt for a
+        finding from an earlier one): all of them slow there. Computed once per scored step
+        and set of open findings (every finding reported at a step shares it)."""
+        key = (self.attempt, self.updates, self._recent.count,
+               tuple((i, o.first_step, o.attempt) for i, o in self._open.items()))
+        if self._joint_key == key:
+            return self._joint_val
+        units = list(self._open)
+        onsets = [o.first_step for o in self._open.values() if o.attempt == self.attempt]
+        got = self._recent.joint_job_slowdown([self._ranks(i)[2] for i in units],
+                                              max(onsets) if onsets else None)
+        val: tuple[float | None, dict[int, float]] = (None, {}) if got is None else \
+            (got[0], dict(zip(units, got[1], strict=True)))
+        self._joint_key, self._joint_val = key, val
+        return val
 
     def active(self) -> list[Finding]:
         """The open findings with their current estimates (status ``update``), in order of

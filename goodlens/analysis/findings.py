@@ -93,8 +93,22 @@ FINDING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("subject", "subject"), ("relative_to", "slower than"), ("attempt", "attempt"),
     ("first_step", "from step"), ("detected_step", "detected at"),
     ("slowdown", "slower to collective"), ("job_slowdown", "job slowdown"),
+    ("job_slowdown_part", "part of joint"), ("joint_job_slowdown", "joint, all open"),
     ("straggler_wait", "wait so far"), ("wait_per_hour", "wait per hour"),
     ("action", "action"), ("confidence", "confidence"), ("state", "state"))
+
+
+#: The findings table's slowdowns, what each means on hover (docs/detectors.md).
+SLOWDOWN_TITLES = {
+    "slowdown": "{:.4f}: its excess time to reach the collective, over its siblings' "
+                "(what the detector scores and --evict-at compares)",
+    "job_slowdown": "{:.4f}: what it costs the job's step, over the step the job would "
+                    "have without it (the other stragglers still in it)",
+    "job_slowdown_part": "{:.4f}: its part of what the open findings cost together "
+                         "(slowest first, each charged the drop its removal causes)",
+    "joint_job_slowdown": "{:.4f}: what the open findings cost the job's step together, "
+                          "over the step the job would have without any of them",
+}
 
 
 def finding_attempt(f: dict[str, Any]) -> int | None:
@@ -113,8 +127,11 @@ def finding_cells(f: dict[str, Any]) -> dict[str, str]:
     """One finding's text under each of :data:`FINDING_COLUMNS` (keyed like them). Two
     slowdowns, both as percentages: ``slowdown`` ("slower to collective", the subject's
     excess time to reach the collective over its siblings', what the detector scores) and
-    ``job_slowdown`` ("job slowdown", what it costs the job's step; empty where not known,
-    e.g. an event stored before it existed)."""
+    ``job_slowdown`` ("job slowdown", what it costs the job's step with the other
+    stragglers still in it; empty where not known, e.g. an event stored before it existed);
+    then ``job_slowdown_part`` ("part of joint", its share of what the open findings cost
+    together) and ``joint_job_slowdown`` ("joint, all open", that whole): both empty for a
+    resolved finding, no longer one of the open ones."""
     from goodlens.model.units import format_duration
 
     def dur(v: Any) -> str:
@@ -122,16 +139,35 @@ def finding_cells(f: dict[str, Any]) -> dict[str, str]:
     a = finding_attempt(f)
     resolved = f.get("status") == "resolved"
     job = f.get("job_slowdown")
+    part, joint = (None, None) if resolved else (f.get("job_slowdown_part"),
+                                                 f.get("joint_job_slowdown"))
     return {"subject": f"{f['subject_kind']} {f['subject_id']}",
             "relative_to": str(f.get("relative_to") or ""),
             "attempt": "" if a is None else str(a),
             "first_step": str(f.get("first_step", "")),
             "detected_step": str(f.get("detected_step", "")),
             "slowdown": f"{100 * float(f['slowdown']):.1f}%",
-            "job_slowdown": "" if job is None or job != job else f"{100 * float(job):.1f}%",
+            "job_slowdown": _pct(job), "job_slowdown_part": _pct(part),
+            "joint_job_slowdown": _pct(joint),
             "straggler_wait": dur(f.get("straggler_wait_s")),
             "wait_per_hour": dur(f.get("wait_per_hour_s")),
             "action": str(f.get("action") or ""),
             # a resolved finding has no evidence left: its confidence reads 0, not a doubt
             "confidence": "-" if resolved else f"{float(f.get('confidence') or 0.0):.2f}",
             "state": "resolved" if resolved else "open"}
+
+
+def joint_job_slowdown(found: list[dict[str, Any]]) -> float | None:
+    """The run's joint job slowdown: what its open findings cost the job's step together,
+    as the open finding reported last states it (every finding reported at one step carries
+    the same figure); None without an open finding or where it is not known."""
+    live = [f for f in found if f.get("status") != "resolved"
+            and f.get("joint_job_slowdown") is not None]
+    if not live:
+        return None
+    return float(max(live, key=lambda f: f.get("last_step") or -1)["joint_job_slowdown"])
+
+
+def _pct(v: Any) -> str:
+    """A ratio as a percentage with one decimal; empty where not known (None or NaN)."""
+    return "" if v is None or v != v else f"{100 * float(v):.1f}%"

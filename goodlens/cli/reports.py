@@ -309,6 +309,7 @@ def detect(db: str | None, url: str | None, token: str | None, token_file: str |
         detect_run,
         finding_cells,
         finding_dicts,
+        joint_job_slowdown,
     )
     from goodlens.cli.remote import one_source, read_run_at
     one_source(db, url)
@@ -318,12 +319,17 @@ def detect(db: str | None, url: str | None, token: str | None, token_file: str |
         found = read_run_at(db, url, token, run_id, partial(detect_run, config=config))
     except ValueError as exc:  # rank ids too sparse to lay out: say so, in one line
         raise click.ClickException(f"{exc}; detection needs rank ids 0..N-1") from None
+    dicts = finding_dicts(found)
+    joint = joint_job_slowdown(dicts)
     if as_json:
-        echo_json({"run": run_id, "findings": [{k: plain(v) for k, v in f.items()}
-                                               for f in finding_dicts(found)]})
+        echo_json({"run": run_id, "joint_job_slowdown": joint,
+                   "findings": [{k: plain(v) for k, v in f.items()} for f in dicts]})
         return
     if not found:
         click.echo(f"run {run_id}: no persistent straggler found")
         return
     # the dashboard's ranks page lays findings out with the same columns and text
-    click.echo(table([finding_cells(f) for f in finding_dicts(found)], list(FINDING_COLUMNS)))
+    click.echo(table([finding_cells(f) for f in dicts], list(FINDING_COLUMNS)))
+    if joint is not None:
+        click.echo(f"open findings together: job slowdown {100 * joint:.1f}% (each one's "
+                   "part of it: \"part of joint\")")

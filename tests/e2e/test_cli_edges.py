@@ -385,7 +385,8 @@ def _cells(line: str) -> list[str]:
 def test_detect_text_has_the_ranks_pages_columns(demo_db):
     header, rule, *rows = run("detect", "--db", demo_db, "--run", "demo-8x").output.splitlines()
     assert _cells(header) == ["subject", "slower than", "attempt", "from step", "detected at",
-                              "slower to collective", "job slowdown", "wait so far",
+                              "slower to collective", "job slowdown", "part of joint",
+                              "joint, all open", "wait so far",
                               "wait per hour", "action", "confidence", "state"]
     assert set(rule) == {"-", " "}
     # the recipe's straggler: rank 5 (on node-1 with ranks 4-7), slow from step 150 of
@@ -396,10 +397,14 @@ def test_detect_text_has_the_ranks_pages_columns(demo_db):
     # compute plus ~0.01 s of data, ~0.833 s, against rank 5's 0.88 s + 0.01 s: 0.057 s
     # lost, over the step without it (0.833 s + the 0.15 s all-reduce, ~0.983 s): ~5.8%,
     # 5.6% in the sample's last 64 steps (the generator's rows: 5.8% over the run); 39.5 s
-    # waited, 4m 35s an hour, confidence 0.8333 written to two places
+    # waited, 4m 35s an hour, confidence 0.8333 written to two places. The only open
+    # finding: the open findings' joint cost is its own, and all of it is its part
+    # (the same medians: 5.6%); the line under the table says it too
+    *rows, joint = rows
     assert [_cells(r) for r in rows] == [
         ["rank 5", "the other ranks of host node-1", "0", "150", "161", "9.8%", "5.6%",
-         "39.5s", "4m 35s", "evict", "0.83", "open"]]
+         "5.6%", "5.6%", "39.5s", "4m 35s", "evict", "0.83", "open"]]
+    assert joint.startswith("open findings together: job slowdown 5.6%")
     from goodlens.analysis.findings import FINDING_COLUMNS
     assert _cells(header) == [h for _, h in FINDING_COLUMNS]  # the dashboard's, in order
 

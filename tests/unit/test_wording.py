@@ -74,15 +74,19 @@ def test_a_finding_row_reads_as_the_cli_and_the_ranks_page_show_it() -> None:
     from goodlens.analysis.findings import finding_cells
     f = {"subject_kind": "rank", "subject_id": 21, "relative_to": "the other ranks of host n2",
          "id": "2/rank/21/2141", "attempt": 2, "first_step": 2141, "detected_step": 2152,
-         "slowdown": 0.1004, "job_slowdown": 0.0712, "straggler_wait_s": 3.4,
+         "slowdown": 0.1004, "job_slowdown": 0.0712, "job_slowdown_part": 0.0251,
+         "joint_job_slowdown": 0.0934, "straggler_wait_s": 3.4,
          "wait_per_hour_s": 230.0, "action": "evict", "confidence": 0.751, "status": "update"}
     assert finding_cells(f) == {
         "subject": "rank 21", "relative_to": "the other ranks of host n2", "attempt": "2",
         "first_step": "2141", "detected_step": "2152", "slowdown": "10.0%",
-        "job_slowdown": "7.1%", "straggler_wait": "3.4s", "wait_per_hour": "3m 50s",
+        "job_slowdown": "7.1%", "job_slowdown_part": "2.5%", "joint_job_slowdown": "9.3%",
+        "straggler_wait": "3.4s", "wait_per_hour": "3m 50s",
         "action": "evict", "confidence": "0.75", "state": "open"}
+    # resolved: no longer one of the open findings, so no part of their joint cost
     done = finding_cells({**f, "status": "resolved", "confidence": 0.0})
     assert (done["confidence"], done["state"]) == ("-", "resolved")
+    assert (done["job_slowdown_part"], done["joint_job_slowdown"]) == ("", "")
     # a finding stored before job_slowdown existed, or priced before any step time: empty
     assert finding_cells({**f, "job_slowdown": None})["job_slowdown"] == ""
     assert finding_cells({k: v for k, v in f.items() if k != "job_slowdown"})[
