@@ -20,25 +20,9 @@ from goodlens.dashboard.data import RunData
 from goodlens.dashboard.ft import ft_section
 from goodlens.model.batch import validate_batch
 from goodlens.storage.store import Store
+from tests.integration.test_dashboard import _by_id
 
-#: A recorded torchft run: groups g0-g2, g1 killed and healed, g2 slow then evicted, spare
-#: g3 joining (run id ``ft``). Copied into the test's folder, so nothing writes the original.
 T0 = 1_767_225_600.0
-
-
-def _by_id(component: object) -> dict[str, object]:
-    """Every component with a string id under ``component`` (itself included), by id."""
-    found: dict[str, object] = {}
-
-    def walk(c: object) -> None:
-        cid = getattr(c, "id", None)
-        if isinstance(cid, str):
-            found[cid] = c
-        kids = getattr(c, "children", None)
-        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
-            walk(k)
-    walk(component)
-    return found
 
 
 @pytest.fixture(scope="module")

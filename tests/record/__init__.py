@@ -85,6 +85,29 @@ def save(name: str, cap: Capture, out: Path = FIXTURES) -> Path:
     return dest
 
 
+def script_module(name: str, path: Path) -> Any:
+    """The example script at ``path`` as module ``name``, loaded once (a script, not a
+    package: ``examples/elastic/scenario.py``, ``examples/ft/scenario.py``)."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def timeline(summary: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """A scenario's timeline marks with their time after the first, keeping ``key``
+    (the node or group a mark names) where a mark has it."""
+    t0 = summary["timeline"][0]["t"]
+    return [{"what": m["what"], "t": m["t"], "after_s": round(m["t"] - t0, 3),
+             **({key: m[key]} if key in m else {})} for m in summary["timeline"]]
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -12,16 +12,14 @@ good rows.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from tests.e2e.framework_jobs import torchrun_ddp
 from tests.harness import ROOT, Collector
-from tests.record import Capture, recipe
+from tests.record import Capture, recipe, script_module, timeline
 
 #: elastic: the scenario's job (``train_elastic.py``), every setting the replay reads passed
 #: explicitly; node-b is slowed ``slow_pct`` per micro-batch, node-c killed
@@ -37,17 +35,8 @@ HOSTILE = {"requests": 20_000, "seed": 2024, "bomb_repeats": 3, "threads": 4}
 
 
 def scenario_module() -> ModuleType:
-    """``examples/elastic/scenario.py`` as a module (it is a script, not a package)."""
-    name = "elastic_scenario"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "examples" / "elastic" / "scenario.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """``examples/elastic/scenario.py`` as a module."""
+    return script_module("elastic_scenario", ROOT / "examples" / "elastic" / "scenario.py")
 
 
 def elastic_args(s: dict) -> list[str]:
@@ -68,12 +57,9 @@ def elastic(tmp: Path) -> Capture:
         summary = sc.run_full()
     finally:
         sc.stop()
-    t0 = summary["timeline"][0]["t"]
-    timeline = [{"what": m["what"], "t": m["t"], "after_s": round(m["t"] - t0, 3),
-                 **({"node": m["node"]} if "node" in m else {})} for m in summary["timeline"]]
     return Capture(Path(summary["db"]), "faults", tmp / "truth",
                    {"settings": ELASTIC, "exit_codes": summary["exit_codes"],
-                    "timeline": timeline})
+                    "timeline": timeline(summary, "node")})
 
 
 @recipe("async-dcp")

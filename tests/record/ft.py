@@ -8,13 +8,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 from tests.harness import ROOT
-from tests.record import Capture, recipe
+from tests.record import Capture, recipe, script_module, timeline
 
 #: torchft: the scenario's settings (``train_ft.py``'s defaults unless passed)
 FT = {"groups": 3, "nproc": 1, "steps": 200, "step_s": 0.05, "slow_s": 0.3, "batch": 8,
@@ -22,16 +20,8 @@ FT = {"groups": 3, "nproc": 1, "steps": 200, "step_s": 0.05, "slow_s": 0.3, "bat
 
 
 def ft_scenario() -> ModuleType:
-    """``examples/ft/scenario.py`` as a module (it is a script, not a package)."""
-    name = "ft_scenario"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / "ft" / "scenario.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """``examples/ft/scenario.py`` as a module."""
+    return script_module("ft_scenario", ROOT / "examples" / "ft" / "scenario.py")
 
 
 @recipe("torchft")
@@ -42,10 +32,6 @@ def torchft(tmp: Path) -> Capture:
         summary = sc.run()
     finally:
         sc.stop()
-    t0 = summary["timeline"][0]["t"]
-    timeline = [{"what": m["what"], "t": m["t"], "after_s": round(m["t"] - t0, 3),
-                 **({"group": m["group"]} if "group" in m else {})}
-                for m in summary["timeline"]]
     return Capture(Path(summary["db"]), "ft", tmp / "truth",
                    {"settings": FT, "exit_codes": summary["exit_codes"],
-                    "timeline": timeline})
+                    "timeline": timeline(summary, "group")})
