@@ -33,6 +33,7 @@ class Run:
         these, and only the columns in ``report`` (with data_wait_s) are sent."""
         compute = compute or {}
         data = data or {}
+        batches = []  # one group commit for every rank's rows
         for r in range(self.ranks):
             n = [first + i for i in range(len(starts)) if first + i not in (skip or {}).get(r, [])]
             if not n:
@@ -49,8 +50,10 @@ class Run:
                 cols.update({k: v for k, v in split_cols.items() if k in report})
                 if r in data:
                     cols["data_wait_s"] = [w] * len(n)
-            self.store.write_group([validate_batch({"schema_version": 1, "run_id": self.run_id,
-                                                    "steps": cols})])
+            batches.append(validate_batch({"schema_version": 1, "run_id": self.run_id,
+                                           "steps": cols}))
+        if batches:
+            self.store.write_group(batches)
 
     def event(self, kind: str, t: float, attempt: int, **fields) -> None:
         self.store.write_group([validate_batch({

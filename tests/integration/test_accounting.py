@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS, account_run
@@ -363,56 +364,61 @@ def random_runs(draw):
     return attempts, compute_slow, split, data, t
 
 
-@settings(max_examples=100, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=random_runs(), cuts=st.lists(st.floats(0, 1), min_size=2, max_size=6))
-def test_buckets_are_nonnegative_and_sum_to_wall_clock_in_every_window(tmp_path_factory, data,
-                                                                       cuts):
-    attempts, slow, split, waits, end = data
+@pytest.fixture(scope="module")
+def prop_store(tmp_path_factory) -> Iterator[tuple[Store, Iterator[int]]]:
+    """One store for every example, each example its own run (opening a store per example
+    was most of the test's time)."""
     s = Store(tmp_path_factory.mktemp("prop") / "p.duckdb")
-    try:
-        run = Run(s, ranks=3)
-        for a, (first, starts, durs, events) in enumerate(attempts):
-            if starts:
-                run.steps(a, first, starts, durs=durs, compute={1: 0.01 + slow}, split=split,
-                          data=waits)
-            for kind, t, fields in events:
-                run.event(kind, t, a, **fields)
-        if s.run("r") is None or s.attempts("r").empty:
-            return
-        acc = run.account(now=end)
-        whole = acc.breakdown()
-        check_invariants(whole)
-        assert set(whole.buckets) == set(BUCKETS)
-        assert set(whole.restart_parts) == set(RESTART_PARTS)
-        assert set(whole.startup_parts) == set(STARTUP_PARTS)
-        # startup is the first attempt's alone
-        assert all(x.buckets["startup"] == 0 for x in acc.by_attempt()[1:])
-        assert whole.wall_clock_s == pytest.approx(acc.end - acc.start)
-        # segments tile the run: contiguous, no gaps, no overlaps
-        assert np.allclose(acc.seg_start[1:], acc.seg_end[:-1])
-        for x in acc.by_attempt():
-            check_invariants(x)
-        assert sum(x.wall_clock_s for x in acc.by_attempt()) == pytest.approx(whole.wall_clock_s)
-        span = acc.end - acc.start
-        edges = sorted(acc.start + c * span for c in cuts)
-        windows = [acc.breakdown(lo, hi) for lo, hi in itertools.pairwise(edges)]
-        for w in windows:
-            check_invariants(w)
-            assert 0 <= w.goodput <= 1 + 1e-9
-        # adjacent windows add up to the window that spans them
-        total = acc.breakdown(edges[0], edges[-1])
-        for b in BUCKETS:
-            parts = [w.buckets[b] for w in windows]
-            if total.buckets[b] is None:
-                assert all(p is None for p in parts)
-            else:
-                assert sum(parts) == pytest.approx(total.buckets[b], abs=1e-6)
-        if not split:
-            assert whole.buckets["straggler_wait"] is None
-        assert not math.isnan(whole.goodput)
-    finally:
-        s.close()
+    yield s, itertools.count()
+    s.close()
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=random_runs(), cuts=st.lists(st.floats(0, 1), min_size=2, max_size=6))
+def test_buckets_are_nonnegative_and_sum_to_wall_clock_in_every_window(prop_store, data, cuts):
+    attempts, slow, split, waits, end = data
+    s, counter = prop_store
+    rid = f"r{next(counter)}"
+    run = Run(s, run_id=rid, ranks=3)
+    for a, (first, starts, durs, events) in enumerate(attempts):
+        if starts:
+            run.steps(a, first, starts, durs=durs, compute={1: 0.01 + slow}, split=split,
+                      data=waits)
+        for kind, t, fields in events:
+            run.event(kind, t, a, **fields)
+    if s.run(rid) is None or s.attempts(rid).empty:
+        return
+    acc = run.account(now=end)
+    whole = acc.breakdown()
+    check_invariants(whole)
+    assert set(whole.buckets) == set(BUCKETS)
+    assert set(whole.restart_parts) == set(RESTART_PARTS)
+    assert set(whole.startup_parts) == set(STARTUP_PARTS)
+    # startup is the first attempt's alone
+    assert all(x.buckets["startup"] == 0 for x in acc.by_attempt()[1:])
+    assert whole.wall_clock_s == pytest.approx(acc.end - acc.start)
+    # segments tile the run: contiguous, no gaps, no overlaps
+    assert np.allclose(acc.seg_start[1:], acc.seg_end[:-1])
+    for x in acc.by_attempt():
+        check_invariants(x)
+    assert sum(x.wall_clock_s for x in acc.by_attempt()) == pytest.approx(whole.wall_clock_s)
+    span = acc.end - acc.start
+    edges = sorted(acc.start + c * span for c in cuts)
+    windows = [acc.breakdown(lo, hi) for lo, hi in itertools.pairwise(edges)]
+    for w in windows:
+        check_invariants(w)
+        assert 0 <= w.goodput <= 1 + 1e-9
+    # adjacent windows add up to the window that spans them
+    total = acc.breakdown(edges[0], edges[-1])
+    for b in BUCKETS:
+        parts = [w.buckets[b] for w in windows]
+        if total.buckets[b] is None:
+            assert all(p is None for p in parts)
+        else:
+            assert sum(parts) == pytest.approx(total.buckets[b], abs=1e-6)
+    if not split:
+        assert whole.buckets["straggler_wait"] is None
+    assert not math.isnan(whole.goodput)
 
 
 def test_every_rank_emitting_its_own_checkpoint_events_counts_each_save_once(store):
