@@ -197,7 +197,7 @@ def test_openapi_fuzzed_with_schemathesis_finds_no_5xx(tmp_path):
                 kw = {"media_type": "application/json"} if op.path == "/v1/ingest" else {}
                 strategies.append(op.as_strategy(generation_mode=mode, **kw))
 
-            @settings(max_examples=250, deadline=None, database=None, derandomize=True,
+            @settings(max_examples=150, deadline=None, database=None, derandomize=True,
                       phases=[Phase.generate], suppress_health_check=list(HealthCheck))
             @given(case=st.one_of(strategies))
             def fuzz(case):
@@ -209,7 +209,7 @@ def test_openapi_fuzzed_with_schemathesis_finds_no_5xx(tmp_path):
 
             fuzz()
         assert not failures, "\n\n".join(failures[:5])
-        assert calls[0] >= 400  # ~40 s on a loaded 2-core machine
+        assert calls[0] >= 250  # derandomized: the same 300 cases every run
         assert http("GET", c.url + "/healthz")[0] == 200
     finally:
         c.stop()
