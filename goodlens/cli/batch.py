@@ -17,7 +17,13 @@ from typing import Any
 
 import click
 
-from goodlens.cli.common import StoreSpec, echo_json, open_store
+from goodlens.cli.common import (
+    StoreSpec,
+    dataset_errors,
+    echo_json,
+    open_store,
+    verbose_option,
+)
 from goodlens.model.units import parse_instant
 
 _ENGINE_HELP = ("What summarises the raw step rows: duckdb (this process) or spark (pyspark, "
@@ -25,7 +31,8 @@ _ENGINE_HELP = ("What summarises the raw step rows: duckdb (this process) or spa
 
 
 def engine_options(f: Any) -> Any:
-    """``--engine``, ``--master`` and ``--conf``."""
+    """``--engine``, ``--master``, ``--conf`` and ``--verbose``."""
+    f = verbose_option(f, expose=True)
     f = click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
                      help="A Spark setting (repeatable), e.g. spark.driver.memory=8g.")(f)
     f = click.option("--master", help="With --engine spark: the cluster's master URL "
@@ -34,7 +41,9 @@ def engine_options(f: Any) -> Any:
                         show_default=True, help=_ENGINE_HELP)(f)
 
 
-def _conf(confs: tuple[str, ...], engine: str, master: str | None) -> dict[str, str]:
+def engine_conf(confs: tuple[str, ...], engine: str, master: str | None) -> dict[str, str]:
+    """The ``--conf KEY=VALUE`` settings as a dict (``--master``/``--conf`` only with
+    ``--engine spark``)."""
     if engine != "spark" and (confs or master):
         raise click.UsageError("--master and --conf set up Spark: use them with --engine spark")
     out = {}
@@ -46,7 +55,8 @@ def _conf(confs: tuple[str, ...], engine: str, master: str | None) -> dict[str, 
     return out
 
 
-def _dataset(db: str) -> Path:
+def dataset_root(db: str) -> Path:
+    """The folder of a ``parquet:DIR`` store (a DuckDB file is a usage error)."""
     if not db.startswith("parquet:"):
         raise click.UsageError(f"{db} is a DuckDB file, whose summaries its writer keeps up "
                                "to date as rows arrive; summarize is for a Parquet dataset "
@@ -54,12 +64,15 @@ def _dataset(db: str) -> Path:
     return Path(db[len("parquet:"):])
 
 
-def _pass(root: Path, engine: str, master: str | None, conf: dict[str, str]) -> Any:
-    """One summarising pass; a Spark that cannot start is a one-line error."""
+def summary_pass(root: Path, engine: str, master: str | None, conf: dict[str, str],
+          verbose: bool = False) -> Any:
+    """One summarising pass; a Spark that cannot start, or a dataset it cannot summarise
+    as it is, is a one-line error (the trace too with ``verbose``)."""
     from goodlens.storage import bulk
     from goodlens.storage.spark import SparkUnavailable
     try:
-        return bulk.summarize(root, engine, master, conf)
+        with dataset_errors(verbose):
+            return bulk.summarize(root, engine, master, conf, quiet=not verbose)
     except SparkUnavailable as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -79,7 +92,7 @@ def _pass_text(stats: Any, root: Path, master: str | None) -> str:
 @engine_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def summarize(db: str, engine: str, master: str | None, confs: tuple[str, ...],
-              as_json: bool) -> None:
+              verbose: bool, as_json: bool) -> None:
     """Summarise a Parquet dataset's new step rows into the summary checkpoints every
     goodlens reader opens (`goodlens report --db parquet:DIR` then reads them instead of
     the raw rows).
@@ -88,9 +101,13 @@ def summarize(db: str, engine: str, master: str | None, confs: tuple[str, ...],
     holding rows of the same steps as new ones. Rows stored twice (two collectors, a
     compaction in progress) count once. Run it again any time; it writes nothing when
     nothing is new.
+
+    It writes nothing, and exits 1 with one line saying what to do, when a segment cannot
+    be read, when the engine reads rows it cannot attribute to a run, or when a step would
+    be summarised again from fewer ranks than its checkpoint counted (docs/scaling.md).
     """
-    root = _dataset(db)
-    stats = _pass(root, engine, master, _conf(confs, engine, master))
+    root = dataset_root(db)
+    stats = summary_pass(root, engine, master, engine_conf(confs, engine, master), verbose)
     if as_json:
         echo_json(stats.as_dict())
     else:
@@ -107,8 +124,8 @@ def summarize(db: str, engine: str, master: str | None, confs: tuple[str, ...],
 @click.option("--at", "at", help="The instant runs still in progress are accounted up to: "
                                  "epoch s or ISO time (default: now).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def fleet(db: str, engine: str, master: str | None, confs: tuple[str, ...], out: str | None,
-          at: str | None, as_json: bool) -> None:
+def fleet(db: str, engine: str, master: str | None, confs: tuple[str, ...], verbose: bool,
+          out: str | None, at: str | None, as_json: bool) -> None:
     """Write the fleet table: one row per run and attempt with goodput, every bucket and
     the parts of startup and restart, GPU-hours, ranks and state, as plain Parquet that
     DuckDB, Spark and Trino read without goodlens (docs/spark.md: its columns and an
@@ -122,7 +139,7 @@ def fleet(db: str, engine: str, master: str | None, confs: tuple[str, ...], out:
     from goodlens.analysis.accounting import ACCOUNTING_KINDS
     from goodlens.analysis.fleet import FLEET_COLUMNS, fleet_rows
     from goodlens.storage import fleetio
-    conf = _conf(confs, engine, master)
+    conf = engine_conf(confs, engine, master)
     try:
         now = None if at is None else parse_instant(at)
     except ValueError as exc:
@@ -132,7 +149,7 @@ def fleet(db: str, engine: str, master: str | None, confs: tuple[str, ...], out:
         raise click.UsageError("give --out PATH for a DuckDB file's fleet table")
     stats = None
     if db.startswith("parquet:"):
-        stats = _pass(_dataset(db), engine, master, conf)
+        stats = summary_pass(dataset_root(db), engine, master, conf, verbose)
     elif engine != "duckdb":
         raise click.UsageError("a DuckDB file's summaries are its own: drop --engine spark")
     now = time.time() if at is None else now
@@ -154,7 +171,7 @@ def fleet(db: str, engine: str, master: str | None, confs: tuple[str, ...], out:
         echo_json(doc)
         return
     if stats is not None:
-        click.echo(_pass_text(stats, _dataset(db), master))
+        click.echo(_pass_text(stats, dataset_root(db), master))
     click.echo(f"wrote {path}: {doc['rows']:,} rows, one per attempt of {doc['runs']:,} "
                f"run(s), accounted in {doc['accounting_seconds']:.1f} s")
 

@@ -92,12 +92,18 @@ class StoreSpec(click.ParamType):
         """Shown in --help as is (click would upper-case the name)."""
         return self.name
 
+    def fail(self, message: str, param: Any = None, ctx: Any = None) -> Any:
+        """A wrong --db is one line (exit code 2), not click's usage text."""
+        raise StoreError(message)
+
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
         text = str(value)
         if text.startswith("parquet:"):
             folder = Path(text[len("parquet:"):])
             if self.exists and not (folder / "_goodlens.json").exists():
-                self.fail(f"no goodlens Parquet dataset in {folder}", param, ctx)
+                what = "no folder" if not folder.exists() else "no goodlens Parquet dataset"
+                self.fail(f"{what} at {folder}; check the path (`goodlens import TRACE --db "
+                          f"parquet:{folder}` creates a dataset)", param, ctx)
             return text
         path = Path(text[len("duckdb:"):] if text.startswith("duckdb:") else text)
         if path.is_dir():
@@ -119,21 +125,65 @@ class StoreError(click.ClickException):
 
 def open_store(db: str, read_only: bool = True, init: bool = False) -> Any:
     """Open a DuckDB file or ``parquet:DIR``; a held, missing or foreign file is a clean
-    error (exit code 2 for one that is not a goodlens store); ``init`` lets a writable open
-    add goodlens's tables to a DuckDB file without them."""
+    error (exit code 2 for one that is not a goodlens store), a dataset it cannot read one
+    line (:func:`dataset_errors`, the trace too under ``--verbose``); ``init`` lets a
+    writable open add goodlens's tables to a DuckDB file without them."""
     from goodlens.storage.store import NotAStore, SchemaMismatch
     if str(db).startswith("parquet:"):
         from goodlens.storage.parquet import open_store as open_any
     else:  # a DuckDB file: the dataset's modules (and pyarrow) stay unloaded
         from goodlens.storage.store import open_file as open_any
     try:
-        return open_any(db, read_only=read_only, init=init)
+        with dataset_errors():  # a dataset's segment it cannot read
+            return open_any(db, read_only=read_only, init=init)
     except NotAStore as exc:
         raise StoreError(str(exc)) from None
     except FileNotFoundError as exc:  # a wrong path is a wrong argument: exit code 2
         raise StoreError(f"{exc}; check the path (`goodlens runs --db PATH` lists a store's "
                          "runs; `goodlens import TRACE --db PATH` creates one)") from None
     except (RuntimeError, SchemaMismatch) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+_VERBOSE = "goodlens.verbose"
+VERBOSE_HELP = ("On a failure reading or summarising a dataset, also print the full trace "
+                "(DuckDB's traceback, Spark's Java stack and error log) before the one-line "
+                "message.")
+
+
+def verbose_option(f: Any = None, *, expose: bool = False) -> Any:
+    """``--verbose`` on a command that reads a store: :func:`dataset_errors` and
+    :func:`open_store` then print a failure's full trace (``expose``: the command also
+    gets it as its ``verbose`` argument)."""
+    def remember(ctx: click.Context, param: Any, value: bool) -> bool:
+        ctx.meta[_VERBOSE] = bool(value)
+        return value
+
+    def deco(g: Any) -> Any:
+        return click.option("--verbose", is_flag=True, callback=remember,
+                            expose_value=expose, help=VERBOSE_HELP)(g)
+    return deco if f is None else deco(f)
+
+
+@contextlib.contextmanager
+def dataset_errors(verbose: bool | None = None) -> Any:
+    """A dataset that cannot be used as it is (an unreadable segment, a pass that would
+    change a number silently) as one line, exit code 1; ``verbose`` (default: the
+    command's ``--verbose``, :func:`verbose_option`): the full trace (the engine's own
+    error, a DuckDB traceback or Spark's Java stack) on stderr first."""
+    try:
+        yield
+    except Exception as exc:
+        # only a dataset's modules raise it: a DuckDB file's command never loads them
+        guard = sys.modules.get("goodlens.storage.passguard")
+        if guard is None or not isinstance(exc, guard.DatasetError):
+            raise
+        if verbose is None:
+            ctx = click.get_current_context(silent=True)
+            verbose = bool(ctx and ctx.meta.get(_VERBOSE))
+        if verbose:
+            import traceback
+            traceback.print_exception(exc, file=sys.stderr)
         raise click.ClickException(str(exc)) from None
 
 
@@ -311,6 +361,9 @@ def import_trace_file(store: Any, path: str, quiet: bool) -> dict[str, int]:
     from goodlens.storage.store import StoreWriteError, write_failed
     try:
         trace = read_trace(path)
+        for run_id in trace.run_ids:  # a run id this store cannot hold (a dataset's limit)
+            if (refused := store.run_id_refused(run_id)) is not None:
+                raise click.ClickException(f"{refused}; nothing was imported")
         total = sum(t.num_rows for k, t in trace.tables.items() if k in ("steps", "events"))
         with click.progressbar(length=total, label=f"importing {path}", file=sys.stderr,
                                hidden=quiet or not sys.stderr.isatty()) as bar:

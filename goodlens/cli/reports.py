@@ -13,6 +13,7 @@ import click
 from goodlens.cli.common import (
     CollectorUrl,
     StoreSpec,
+    dataset_errors,
     detector_options,
     echo_json,
     get_json,
@@ -21,6 +22,7 @@ from goodlens.cli.common import (
     straggler_config,
     table,
     token_options,
+    verbose_option,
 )
 from goodlens.model.jsonable import plain, records
 from goodlens.model.units import format_duration, format_instant
@@ -48,6 +50,7 @@ _SORTS = tuple(SORT_KEYS)
               help="Runs per page.")
 @click.option("--offset", type=click.IntRange(0), default=0, show_default=True,
               help="Runs to skip (the next page starts at --offset + --limit).")
+@verbose_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def runs(db: str | None, url: str | None, token: str | None, token_file: str | None,
          sort: str, asc: bool, state: str | None, text: str | None, limit: int, offset: int,
@@ -66,7 +69,8 @@ def runs(db: str | None, url: str | None, token: str | None, token_file: str | N
         answer = get_json(url.rstrip("/") + "/v1/runs?" + query, token)
         rows, total = answer["runs"], answer.get("total", len(answer["runs"]))
     else:
-        rows, total = _stored_runs(db, page)
+        with dataset_errors():
+            rows, total = _stored_runs(db, page)
     for r in rows:
         start, last = r.get("start"), r.get("last_time")
         r["duration_s"] = (r.get("wall_clock_s") or ((last - start) if start is not None
@@ -215,6 +219,9 @@ def report_text(rep: dict[str, Any]) -> str:
                              "c": format_duration(a["buckets"]["recompute"])} for a in atts],
                            [("a", "attempt"), ("w", "wall-clock"), ("g", "goodput"),
                             ("s", "startup"), ("r", "restart"), ("c", "recompute")]))
+    if rep.get("restart_loop"):
+        from goodlens.analysis.loops import loop_text
+        lines += ["", loop_text(rep["restart_loop"])]
     return "\n".join(lines)
 
 
@@ -235,6 +242,7 @@ def report_text(rep: dict[str, Any]) -> str:
 @click.option("--as-of", "as_of", help="Report the run as it was known at this instant (same "
                                       "forms as --since): only the steps and events of "
                                       "until then, so no later rollback re-files time.")
+@verbose_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def report(db: str | None, url: str | None, token: str | None, token_file: str | None,
            run_id: str | None, since: str | None, until: str | None,
@@ -260,12 +268,16 @@ def report(db: str | None, url: str | None, token: str | None, token_file: str |
         store = open_store(db)
         try:
             try:
-                rep = report_dict(store, run_id, since, until, exclude=exclude, as_of=as_of)
+                with dataset_errors():
+                    rep = report_dict(store, run_id, since, until, exclude=exclude,
+                                      as_of=as_of)
             except KeyError as exc:
                 raise click.ClickException(str(exc.args[0])) from None
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint="--since/--until/--as-of") \
                     from None
+            for text in store.warnings:  # steps that keep figures their rows no longer give
+                click.echo(f"warning: {text}", err=True)
         finally:
             store.close()
     window = rep.get("window")
@@ -288,6 +300,7 @@ def report(db: str | None, url: str | None, token: str | None, token_file: str |
 @token_options("token for --url")
 @click.option("--run", "run_id", required=True, help="Run id.")
 @detector_options
+@verbose_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (seconds).")
 def detect(db: str | None, url: str | None, token: str | None, token_file: str | None,
            run_id: str, threshold: float, min_slowdown: float, evict_at: float,
@@ -316,7 +329,8 @@ def detect(db: str | None, url: str | None, token: str | None, token_file: str |
     token = read_token(token, token_file)
     config = straggler_config(threshold, min_slowdown, evict_at)
     try:
-        found = read_run_at(db, url, token, run_id, partial(detect_run, config=config))
+        with dataset_errors():
+            found = read_run_at(db, url, token, run_id, partial(detect_run, config=config))
     except ValueError as exc:  # rank ids too sparse to lay out: say so, in one line
         raise click.ClickException(f"{exc}; detection needs rank ids 0..N-1") from None
     dicts = finding_dicts(found)

@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from goodlens.storage import ckptfiles
+from goodlens.storage import ckptfiles, passguard
 from goodlens.storage.schema import (
     BOX_COLUMNS,
     HIVE,
@@ -82,6 +82,11 @@ class RunWork:
     present: set[str]
     base: pa.Table | None = None
     """The summaries of the checkpoint started from (None: none, or no usable one)."""
+    checkpoint: Path | None = None
+    """The checkpoint a pass compares its new summaries with: the one started from, else
+    the run's newest (its segments all gone: compacted, removed or lost)."""
+    reference: pa.Table | None = None
+    """That checkpoint's summaries (None: the run has none)."""
     covered: set[str] = field(default_factory=set)
     new: list[str] = field(default_factory=list)
     boxes: list[Box] = field(default_factory=list)
@@ -112,10 +117,13 @@ class PassStats:
 
 class Footers:
     """Each segment's row groups as boxes, and its rows, from its Parquet footer (read once
-    per pass; no rows are read)."""
+    per pass; no rows are read). A segment that is present but unreadable is a
+    :class:`~goodlens.storage.passguard.DatasetError` (never taken as removed: its rows may
+    be counted in a checkpoint)."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
         self._cache: dict[str, tuple[list[Box] | None, int]] = {}
+        self.root = root
 
     def boxes(self, path: str) -> list[Box] | None:
         """The attempts and steps of each row group; None when the footer has no
@@ -128,15 +136,17 @@ class Footers:
 
     def _read(self, path: str) -> tuple[list[Box] | None, int]:
         if path not in self._cache:
-            self._cache[path] = _footer(path)
+            self._cache[path] = _footer(path, self.root or Path(path).parent)
         return self._cache[path]
 
 
-def _footer(path: str) -> tuple[list[Box] | None, int]:
+def _footer(path: str, root: Path) -> tuple[list[Box] | None, int]:
     try:
         meta = pq.ParquetFile(path).metadata
-    except (OSError, pa.ArrowException):
-        return [], 0  # removed meanwhile: the engine skips it too
+    except (OSError, pa.ArrowException) as exc:
+        if not os.path.exists(path):
+            return [], 0  # removed meanwhile (compacted): the engine skips it too
+        raise passguard.unreadable(path, exc, root) from exc
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     if "attempt" not in names or "step" not in names:
         return None, meta.num_rows
@@ -178,18 +188,22 @@ def plan(root: Path, footers: Footers) -> list[RunWork]:
     """Each run with step segments: the checkpoint it starts from, its uncovered segments
     and the boxes to recompute (no ``new``: nothing to do)."""
     present = ckptfiles.present_segments(root)
-    by_run: dict[str, set[str]] = {}
-    for f in present:
-        by_run.setdefault(Path(f).parent.parent.name, set()).add(f)
-    ranked = ckptfiles.ranked_checkpoints(root, present)
+    by_run = ckptfiles.segments_by_run(present)
+    found = ckptfiles.list_checkpoints(root)
+    ranked = ckptfiles.ranked_checkpoints(root, present, found=found)
+    newest: dict[str, list[Path]] = {}
+    for path, key, _ in found:
+        newest.setdefault(key, []).append(path)
     work = []
     for key, files in sorted(by_run.items()):
         w = RunWork(key, files)
         for path, cov in ranked.get(key, []):
             t = ckptfiles.read_checkpoint(path)
             if t is not None:
-                w.base, w.covered = t, cov
+                w.base, w.covered, w.checkpoint, w.reference = t, cov, path, t
                 break
+        if w.base is None and key in newest:  # compared with, never started from
+            w.checkpoint, w.reference = ckptfiles.newest(newest[key])
         w.new = sorted(files - w.covered, key=lambda f: (min(_boxes_of(footers, f),
                                                              default=_ALL), f))
         w.boxes = _merge([b for f in w.new for b in _boxes_of(footers, f)])
@@ -248,7 +262,7 @@ def summarize_dataset(root: str | Path, summarise: Summarise, *, engine: str = "
     segments (see the module docstring)."""
     t0 = time.perf_counter()
     root = Path(root)
-    footers = Footers()
+    footers = Footers(root)
     work = plan(root, footers)
     todo = [w for w in work if w.new]
     stats = PassStats(engine=engine, runs=len(work), runs_summarised=len(todo),
@@ -256,13 +270,19 @@ def summarize_dataset(root: str | Path, summarise: Summarise, *, engine: str = "
     parts, read = [], set()
     for files, boxes in calls(todo, footers, max_rows):
         t1 = time.perf_counter()
-        parts.append(summarise(files, boxes))
+        try:
+            parts.append(summarise(files, boxes))
+        except passguard.DatasetError:
+            raise
+        except Exception as exc:  # DuckDB's and Spark's (Java) errors: one line, named
+            raise passguard.engine_failed(engine, exc, files, root) from exc
         stats.engine_seconds += time.perf_counter() - t1
         stats.rows_read += sum(footers.rows(f) for f in files)
         stats.engine_calls += 1
         read |= set(files)
     stats.segments_read = len(read)
     per_run = _by_run(parts)
+    _check(root, todo, per_run, footers, engine)  # before anything is written
     stats.steps_summarised = sum(t.num_rows for t in per_run.values())
     writer = SegmentWriter(writer_id or f"summarize-{socket.gethostname()}-{os.getpid()}-"
                                         f"{uuid.uuid4().hex[:6]}")
@@ -276,7 +296,25 @@ def summarize_dataset(root: str | Path, summarise: Summarise, *, engine: str = "
     return stats
 
 
-def _by_run(parts: list[pa.Table]) -> dict[str, pa.Table]:
+def _check(root: Path, todo: list[RunWork], per_run: dict[str | None, pa.Table],
+           footers: Footers, engine: str) -> None:
+    """The pass's result is every run's and only theirs, and replaces no checkpoint's step
+    with fewer ranks (:mod:`goodlens.storage.passguard`)."""
+    passguard.check_attribution(
+        per_run, {ckptfiles.run_of_key(w.key): sum(footers.rows(f) for f in w.new)
+                  for w in todo}, root, engine)
+    for w in todo:
+        run = ckptfiles.run_of_key(w.key)
+        missing: list[str] = []
+        if w.checkpoint is not None and w.reference is not None:
+            covers = next((c for p, _, c in ckptfiles.list_checkpoints(root, w.key)
+                           if p == w.checkpoint), set())
+            missing = sorted(covers - w.present)
+        passguard.check_sources(run, w.reference, w.boxes, per_run.get(run), missing,
+                                root / "summaries" / w.key)
+
+
+def _by_run(parts: list[pa.Table]) -> dict[str | None, pa.Table]:
     """Summaries of many runs split by run, each sorted by attempt and step, a step that
     two calls both summarised (whole, so alike) kept once."""
     if not parts:
@@ -285,7 +323,7 @@ def _by_run(parts: list[pa.Table]) -> dict[str, pa.Table]:
                           .cast(ckptfiles.SUMMARY_SCHEMA) for p in parts]).combine_chunks()
     t = t.take(pc.sort_indices(t, [("run_id", "ascending"), ("attempt", "ascending"),
                                    ("step", "ascending")]))
-    runs = np.asarray(t.column("run_id").to_pylist(), dtype=object)
+    runs = np.asarray(t.column("run_id").to_pylist(), dtype=object)  # None: no run id
     if not len(runs):
         return {}
     att, st = t.column("attempt").to_numpy(), t.column("step").to_numpy()
@@ -294,7 +332,8 @@ def _by_run(parts: list[pa.Table]) -> dict[str, pa.Table]:
     if again.any():
         t, runs = t.filter(pa.array(~again)), runs[~again]
     cuts = [0, *(np.flatnonzero(runs[1:] != runs[:-1]) + 1).tolist(), len(runs)]
-    return {str(runs[a]): t.slice(a, b - a) for a, b in itertools.pairwise(cuts)}
+    return {None if runs[a] is None else str(runs[a]): t.slice(a, b - a)
+            for a, b in itertools.pairwise(cuts)}
 
 
 def _merged(w: RunWork, fresh: pa.Table | None) -> pa.Table:
@@ -354,10 +393,11 @@ def duckdb_engine(threads: int | None = None, memory_limit: str | None = None) -
 
 
 def summarize(root: str | Path, engine: str = "duckdb", master: str | None = None,
-              conf: dict[str, str] | None = None) -> PassStats:
+              conf: dict[str, str] | None = None, quiet: bool = False) -> PassStats:
     """Bring the summary checkpoints of the dataset at ``root`` up to date with ``engine``:
     ``duckdb`` (this process, calls of :data:`DUCKDB_MAX_ROWS` rows) or ``spark`` (one
-    call on a session on ``master``, default this machine's cores, with ``conf``)."""
+    call on a session on ``master``, default this machine's cores, with ``conf``; ``quiet``:
+    a session it starts logs nothing, its failures come back as one-line errors)."""
     t0 = time.perf_counter()
     if engine == "duckdb":
         return summarize_dataset(root, duckdb_engine(), engine="duckdb",
@@ -365,7 +405,7 @@ def summarize(root: str | Path, engine: str = "duckdb", master: str | None = Non
     if engine != "spark":
         raise ValueError(f"unknown engine {engine!r}: duckdb or spark")
     from goodlens.storage import spark
-    with spark.spark_session(master, conf) as session:
+    with spark.spark_session(master, conf, log_level="OFF" if quiet else "ERROR") as session:
         stats = summarize_dataset(root, spark.engine(session, Path(root)), engine="spark")
     stats.seconds = round(time.perf_counter() - t0, 3)  # with the session's start-up
     return stats

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from goodlens.model.schema import SCHEMA_VERSION
 from goodlens.storage.schema import SUMMARY_COLUMNS
+from goodlens.storage.segments import partition_value
 
 COVERS = b"goodlens.covers"  # a summary checkpoint's step segments (zlib, base64 JSON)
 VERSION = b"goodlens.schema_version"
@@ -34,26 +35,56 @@ SUMMARY_SCHEMA = pa.schema([(name, _ARROW[kind]) for name, kind, _, _ in SUMMARY
 
 
 def run_key(run_id: str) -> str:
-    """A run's folder name under ``steps/`` and ``summaries/`` (``run_id=<encoded id>``)."""
-    return f"run_id={quote(str(run_id), safe='')}"
+    """A run's folder name under ``steps/`` and ``summaries/`` (``run_id=<encoded id>``,
+    :func:`goodlens.storage.segments.partition_value`)."""
+    return f"run_id={partition_value(str(run_id), check=False)}"
 
 
 def run_of_key(key: str) -> str:
-    """The run id of a run folder name."""
+    """The run id of a run folder name (either encoding: today's, or the percent-encoded
+    UTF-8 of earlier versions)."""
     return unquote(key.split("=", 1)[1])
 
 
+def key_of(folder: str) -> str:
+    """The run key of a run folder name: the folder itself, or today's name of a folder an
+    earlier goodlens named (a run's segments in both count as one run's)."""
+    return run_key(run_of_key(folder))
+
+
+def folders(key: str) -> list[str]:
+    """The folder names a run key's files may lie in: the key, and the name earlier
+    versions gave it when that differs (a non-ASCII run id)."""
+    if key == "*":
+        return [key]
+    legacy = f"run_id={quote(run_of_key(key), safe='')}"
+    # a name longer than a file name may be (255 bytes) is no folder: never look it up
+    return [key] if legacy == key or len(legacy) > 255 else [key, legacy]
+
+
 def present_segments(root: Path, key: str = "*") -> set[str]:
-    """The step segments of run folder ``key`` (default all runs) now in the dataset."""
-    return {str(p) for p in (root / "steps").glob(f"{key}/*/*.parquet")}
+    """The step segments of run key ``key`` (default all runs) now in the dataset."""
+    return {str(p) for k in folders(key) for p in (root / "steps").glob(f"{k}/*/*.parquet")}
+
+
+def segments_by_run(paths: Iterable[str]) -> dict[str, set[str]]:
+    """Step segment paths grouped by run key (:func:`key_of` their run folder)."""
+    out: dict[str, set[str]] = {}
+    names: dict[str, str] = {}
+    for f in paths:
+        folder = Path(f).parent.parent.name
+        key = names.get(folder) or names.setdefault(folder, key_of(folder))
+        out.setdefault(key, set()).add(f)
+    return out
 
 
 def list_checkpoints(root: Path, key: str = "*") -> list[tuple[Path, str, set[str]]]:
-    """Each readable summary checkpoint (of run folder ``key``, default all): its path, its
-    run folder and the step segments (absolute paths) it covers; unreadable or other-version
+    """Each readable summary checkpoint (of run key ``key``, default all): its path, its
+    run key and the step segments (absolute paths) it covers; unreadable or other-version
     ones are skipped."""
     found = []
-    for path in sorted((root / "summaries").glob(f"{key}/*.parquet")):
+    paths = sorted(p for k in folders(key) for p in (root / "summaries").glob(f"{k}/*.parquet"))
+    for path in paths:
         try:
             meta = pq.read_schema(path).metadata or {}
             if meta.get(VERSION) != str(SCHEMA_VERSION).encode():
@@ -61,17 +92,18 @@ def list_checkpoints(root: Path, key: str = "*") -> list[tuple[Path, str, set[st
             names = json.loads(zlib.decompress(base64.b64decode(meta[COVERS])))
         except (OSError, KeyError, ValueError, zlib.error, pa.ArrowException):
             continue  # removed meanwhile, torn by hand, or not ours
-        found.append((path, path.parent.name, {str(root / n) for n in names}))
+        found.append((path, key_of(path.parent.name), {str(root / n) for n in names}))
     return found
 
 
-def ranked_checkpoints(root: Path, present: set[str], key: str = "*"
+def ranked_checkpoints(root: Path, present: set[str], key: str = "*",
+                       found: list[tuple[Path, str, set[str]]] | None = None
                        ) -> dict[str, list[tuple[Path, set[str]]]]:
     """Per run folder (``key``: one, default all), its checkpoints that cover some of the
     ``present`` segments, best first (most covered, then the latest name): each with the
-    present segments it covers."""
+    present segments it covers (``found``: :func:`list_checkpoints`' answer, if read)."""
     by_run: dict[str, list[tuple[int, str, Path, set[str]]]] = {}
-    for path, folder, cov in list_checkpoints(root, key):
+    for path, folder, cov in list_checkpoints(root, key) if found is None else found:
         hits = cov & present
         if hits:
             by_run.setdefault(folder, []).append((len(hits), path.name, path, hits))
@@ -88,6 +120,21 @@ def read_checkpoint(path: Path) -> pa.Table | None:
     except (OSError, pa.ArrowException):
         return None
     return t if t.column_names == SUMMARY_SCHEMA.names else None
+
+
+def newest(paths: Iterable[Path]) -> tuple[Path | None, pa.Table | None]:
+    """The most recently written of these checkpoints that can be read, and its rows (a run
+    whose checkpoints cover no segment left is compared with it, never started from)."""
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return -1.0
+    for p in sorted(paths, key=mtime, reverse=True):
+        t = read_checkpoint(p)
+        if t is not None:
+            return p, t
+    return None, None
 
 
 def best_checkpoint(root: Path, run_id: str) -> pa.Table | None:

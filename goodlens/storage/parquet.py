@@ -20,7 +20,6 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import duckdb
 import numpy as np
@@ -28,7 +27,8 @@ import pyarrow as pa
 
 from goodlens.model.batch import Batch
 from goodlens.model.schema import SCHEMA_VERSION
-from goodlens.storage import ckptfiles, reports, summaries
+from goodlens.storage import ckptfiles, passguard, reports, summaries
+from goodlens.storage.keptsteps import StepKeeper
 from goodlens.storage.marks import (
     NEW_EVENTS,
     NEW_STEPS,
@@ -50,10 +50,12 @@ from goodlens.storage.schema import (
     version_mismatch,
 )
 from goodlens.storage.segments import (
+    PartitionTooLong,
     SegmentWriter,
     atomic_write_bytes,
     hour_name,
     hour_of,
+    partition_value,
     remove_files,
 )
 from goodlens.storage.store import NotAStore, Store, open_file
@@ -105,14 +107,24 @@ class ParquetStore(SqlReader):
         self._summarised: dict[str, set[str]] | None = None  # what the last pass covered
         self._last_save = time.monotonic()
         self._save_s = 0.0  # how long the last save took
-        self._define_views()
-        self._con.execute(DERIVED)
-        self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        #: keeps a step's figures when rows they counted are gone (docs/scaling.md)
+        self._keeper = StepKeeper(self.root)
         t = time.perf_counter()
-        #: how this open went: the checkpoint it started from and the steps it summarised
-        self.open_stats: dict[str, Any] = {"checkpoints": self._load_summaries()
-                                           if use_checkpoints else 0}
-        self.open_stats["steps_summarised"] = self.summarize_dirty()
+        try:
+            self._define_views()
+            self._con.execute(DERIVED)
+            self._con.execute("INSERT INTO meta VALUES ('schema_version', ?)",
+                              [str(SCHEMA_VERSION)])
+            #: how this open went: the checkpoint it started from and the steps it summarised
+            self.open_stats: dict[str, Any] = {"checkpoints": self._load_summaries()
+                                               if use_checkpoints else 0}
+            self.open_stats["steps_summarised"] = self.summarize_dirty()
+        except duckdb.Error as exc:  # a segment it cannot read: one line naming it
+            self._con.close()
+            files = [str(p) for p in self.root.glob("*/**/*.parquet")]
+            raise passguard.engine_failed(
+                "DuckDB", exc, files, self.root,
+                "`goodlens summarize --db parquet:DIR --verbose` shows DuckDB's error") from exc
         self.open_stats["seconds"] = round(time.perf_counter() - t, 3)
         if read_only and use_checkpoints and self.open_stats["seconds"] >= save_after_open_s:
             self.save_summaries(best_effort=True)  # spare the next reader the same wait
@@ -156,11 +168,22 @@ class ParquetStore(SqlReader):
 
 
     # ------------------------------------------------------------------ writes
+    def run_id_refused(self, run_id: str) -> str | None:
+        """Why this dataset cannot store a run id the ingest API accepts (its folder name
+        would pass the file system's limit), else None; the collector refuses such a push."""
+        try:
+            partition_value(run_id)
+        except PartitionTooLong as exc:
+            return str(exc)
+        return None
+
     def write_group(self, batches: list[Batch]) -> list[WriteResult]:
         """Write several batches as Parquet segments (one per table and partition); when it
         returns, the segments are renamed into place and fsynced."""
         if self.read_only:
             raise RuntimeError("store opened read-only")
+        for b in batches:  # a run id no folder can hold fails the group before any write
+            partition_value(b.run_id)
         results: list[WriteResult] = []
         pending: dict[str, list[pa.Table]] = {"steps": [], "events": [], "runs": []}
         marks = self._marks.pending()
@@ -240,7 +263,7 @@ class ParquetStore(SqlReader):
                     part = t.filter(pa.array((runs == run_id) & (hours == h)))
                     part = part.drop_columns(["run_id"]).sort_by(
                         [(c, "ascending") for c in ORDER[table]])
-                    folder = (self.root / table / f"run_id={quote(str(run_id), safe='')}"
+                    folder = (self.root / table / ckptfiles.run_key(str(run_id))
                               / f"hour={hour_name(h)}")
                     written.append(self._segments.write(folder, part))
         if pending["runs"]:
@@ -294,7 +317,7 @@ class ParquetStore(SqlReader):
         self._define_views(con)
         self._rescan(con)
         covered = self._covered()  # before the pass: each is dirty or summarised already
-        total = summaries.summarize_dirty(con or self._con, changed)
+        total = summaries.summarize_dirty(con or self._con, changed, self._keeper.guard)
         self._summarised = covered
         if not self.read_only and time.monotonic() - self._last_compact > self.compact_after_s:
             self._last_compact = time.monotonic()
@@ -306,6 +329,12 @@ class ParquetStore(SqlReader):
             self.save_summaries(con)
         return total
 
+    @property
+    def warnings(self) -> list[str]:
+        """One line per run some of whose steps keep earlier figures because rows they
+        counted are gone (:class:`~goodlens.storage.keptsteps.StepKeeper`)."""
+        return self._keeper.warnings
+
     def has_dirty(self) -> bool:
         """Whether some step ranges await summarising (or new segments a rescan would find)."""
         return bool(self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0]) or \
@@ -313,15 +342,12 @@ class ParquetStore(SqlReader):
 
     # ------------------------------------------------------------------ checkpoints
     def _covered(self) -> dict[str, set[str]]:
-        """The step segments this store has marked dirty or summarised, by run folder
-        (``run_id=<encoded id>``)."""
+        """The step segments this store has marked dirty or summarised, by run key
+        (:func:`goodlens.storage.ckptfiles.key_of` their folder)."""
         prefix = str(self.root / "steps") + os.sep
         with self._lock:
             files = [f for f in self._seen if f.startswith(prefix)]
-        out: dict[str, set[str]] = {}
-        for f in files:
-            out.setdefault(Path(f).parent.parent.name, set()).add(f)
-        return out
+        return ckptfiles.segments_by_run(files)
 
     def _present(self, key: str = "*") -> set[str]:
         return ckptfiles.present_segments(self.root, key)
@@ -329,10 +355,15 @@ class ParquetStore(SqlReader):
     def _load_summaries(self) -> int:
         """For each run, start from the checkpoint covering the most of its step segments
         still present (a collector's or a batch job's, :mod:`goodlens.storage.ckptfiles`):
-        its summaries, and its segments as seen. Returns how many checkpoints were loaded
+        its summaries, and its segments as seen; a run none of whose segments its
+        checkpoints cover gets its newest one as the reference new summaries are compared
+        with (:mod:`goodlens.storage.keptsteps`). Returns how many checkpoints were loaded
         (one per run at most)."""
         tables = []
-        for key, ranked in ckptfiles.ranked_checkpoints(self.root, self._present()).items():
+        present = self._present()
+        found = ckptfiles.list_checkpoints(self.root)
+        ranked_by_run = ckptfiles.ranked_checkpoints(self.root, present, found=found)
+        for key, ranked in ranked_by_run.items():
             for path, cov in ranked:
                 # None: pruned by its writer meanwhile (take the next best), or saved by an
                 # earlier goodlens (summary columns added since): its segments stay unseen,
@@ -345,6 +376,7 @@ class ParquetStore(SqlReader):
                     self._seen |= cov
                 self._saved[key] = set(cov)
                 break
+        self._keeper.load_references(present, found, set(self._saved))
         if tables:  # one insert: a dataset of thousands of runs opens in one statement
             self._con.register("_ckpt", pa.concat_tables(tables))
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import string
 import time
 import uuid
 from collections.abc import Iterable
@@ -31,6 +32,39 @@ def hour_of(t: np.ndarray) -> np.ndarray:
 def hour_name(h: int) -> str:
     """The partition folder name of an hour since the epoch: ``YYYYMMDDHH`` (UTC)."""
     return time.strftime("%Y%m%d%H", time.gmtime(int(h) * 3600))
+
+
+#: ASCII characters a partition folder keeps as they are (the ones ``urllib.parse.quote``
+#: leaves alone, so an ASCII run id's folder is the one earlier goodlens versions wrote).
+_PLAIN = frozenset(string.ascii_letters + string.digits + "_.-~")
+#: The partition value Hive, Spark and DuckDB read as null.
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: The longest partition value (bytes) a folder ``run_id=<value>`` fits in (NAME_MAX 255).
+MAX_PARTITION_BYTES = 255 - len("run_id=")
+
+
+def partition_value(value: str, *, check: bool = True) -> str:
+    """``value`` as a partition folder value that DuckDB, Spark and Hive/Trino all decode
+    back to ``value``: each ASCII character outside letters, digits and ``_.-~`` as ``%XX``,
+    every other character as itself (UTF-8 in the name). Spark and Hive decode each ``%XX``
+    as one character, so a non-ASCII character written as its UTF-8 percent codes (what
+    ``quote`` does, and earlier goodlens versions did) reads as several Latin-1 ones there; raw,
+    it reads the same in every engine. The one value they all read as null is escaped too.
+    ``check``: :class:`PartitionTooLong` when the folder name would exceed NAME_MAX."""
+    out = "".join(c if c in _PLAIN or ord(c) > 0x7F else f"%{ord(c):02X}" for c in value)
+    if out == _HIVE_NULL:
+        out = "%5F" + out[1:]
+    size = len(out.encode("utf-8"))
+    if check and size > MAX_PARTITION_BYTES:
+        raise PartitionTooLong(
+            f"run id {value[:40]!r}... is {size} bytes as a folder name (at most "
+            f"{MAX_PARTITION_BYTES}: the file system's limit on a name); a Parquet dataset "
+            "cannot store it: use a shorter run id")
+    return out
+
+
+class PartitionTooLong(ValueError):
+    """A value too long for a partition folder name."""
 
 
 class SegmentWriter:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from goodlens.model.schema import STEP_COLUMNS
+from goodlens.storage import ckptfiles, passguard
 from goodlens.storage.schema import (
     BOX_COLUMNS,
     SPARK,
@@ -50,11 +51,12 @@ class SparkUnavailable(RuntimeError):
 
 
 @contextmanager
-def spark_session(master: str | None = None, conf: dict[str, str] | None = None
-                  ) -> Iterator[SparkSession]:
+def spark_session(master: str | None = None, conf: dict[str, str] | None = None,
+                  log_level: str = "ERROR") -> Iterator[SparkSession]:
     """A Spark session: the one already running in this process (a notebook's, a test's;
     left running), else a new one on ``master`` (default ``local[*]``: every core of this
-    machine) with :data:`BASE_CONF` and ``conf``, stopped on exit."""
+    machine) with :data:`BASE_CONF` and ``conf``, logging at ``log_level``, stopped on
+    exit."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -73,10 +75,10 @@ def spark_session(master: str | None = None, conf: dict[str, str] | None = None
     try:
         spark = builder.getOrCreate()
     except Exception as exc:  # pyspark raises its own runtime errors (no JVM, bad master)
-        raise SparkUnavailable(f"Spark did not start on {master}: {_first_line(exc)}; it "
+        raise SparkUnavailable(f"Spark did not start on {master}: {passguard.first_line(exc)}; it "
                                "needs a Java runtime 17+ (Debian: apt-get install "
                                "default-jre-headless)") from None
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(log_level)
     try:
         yield spark
     finally:
@@ -98,11 +100,7 @@ def summaries(spark: SparkSession, root: Path, files: list[str],
     summary columns, collected to the driver (one row per step: small beside the rows)."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    # a listed segment that a compaction removed meanwhile is skipped: its rows are in the
-    # merged segment, read now or (not in the new checkpoint's list) by the next pass
-    rows = (spark.read.schema(_step_schema()).option("basePath", str(root / "steps"))
-            .option("ignoreMissingFiles", "true"))
-    rows.parquet(*files).createOrReplaceTempView("goodlens_raw_steps")
+    _raw_steps(spark, root, files).createOrReplaceTempView("goodlens_raw_steps")
     source = "goodlens_raw_steps"
     if boxes:
         schema = StructType([StructField(c, StringType() if c == "run_id" else LongType())
@@ -118,7 +116,40 @@ def summaries(spark: SparkSession, root: Path, files: list[str],
     return spark.sql(query).toArrow()
 
 
-def _step_schema() -> Any:
+def _raw_steps(spark: SparkSession, root: Path, files: list[str]) -> Any:
+    """The step rows of ``files`` with their run id. Spark's partition discovery decodes
+    the run folder names of today's encoding as goodlens does; a folder it would decode
+    otherwise (an earlier goodlens's percent-encoded UTF-8, a name Spark reads as null) is
+    read on its own, with the run id goodlens decodes from its name."""
+    from pyspark.sql import functions as F
+
+    plain, odd = [], {}
+    for f in files:
+        folder = Path(f).parent.parent.name
+        run = ckptfiles.run_of_key(folder)
+        if passguard.spark_reads(folder.split("=", 1)[1]) == run:
+            plain.append(f)
+        else:
+            odd.setdefault(run, []).append(f)
+    # a listed segment that a compaction removed meanwhile is skipped: its rows are in the
+    # merged segment, read now or (not in the new checkpoint's list) by the next pass
+    frames = []
+    if plain:
+        frames.append(spark.read.schema(_step_schema(("run_id", "hour")))
+                      .option("basePath", str(root / "steps"))
+                      .option("ignoreMissingFiles", "true").parquet(*plain))
+    for run, paths in sorted(odd.items()):
+        frames.append(spark.read.schema(_step_schema(("hour",)))
+                      .option("basePath", str(Path(paths[0]).parent.parent))
+                      .option("ignoreMissingFiles", "true").parquet(*paths)
+                      .withColumn("run_id", F.lit(run)))
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+def _step_schema(partitions: tuple[str, ...]) -> Any:
     """The step segments' columns as Spark types (the model's), plus the partition columns
     read from the folder names as text (a run id of digits stays a string: given a schema,
     Spark infers no partition types)."""
@@ -127,9 +158,5 @@ def _step_schema() -> Any:
     kinds = {"int": LongType(), "float": DoubleType(), "str": StringType()}
     by_name = {c.name: kinds[c.kind] for c in STEP_COLUMNS}
     return StructType([StructField(n, by_name[n]) for n in STEP_NAMES]
-                      + [StructField("run_id", StringType()), StructField("hour", StringType())])
+                      + [StructField(p, StringType()) for p in partitions])
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

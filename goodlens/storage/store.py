@@ -303,6 +303,17 @@ class Store(SqlReader):
         then)."""
         return False
 
+    def run_id_refused(self, run_id: str) -> str | None:
+        """Why this store cannot hold a run id the ingest API accepts: never, for a DuckDB
+        file (a Parquet dataset's folder names are bounded)."""
+        return None
+
+    @property
+    def warnings(self) -> list[str]:
+        """Numbers this store keeps though rows they counted are gone: none in a DuckDB
+        file (its rows are never removed behind its back)."""
+        return []
+
     def has_dirty(self) -> bool:
         """Whether some step ranges await summarising."""
         return self._con.execute("SELECT count(*) FROM dirty").fetchall()[0][0] > 0

@@ -14,6 +14,8 @@ A file written by an earlier goodlens may keep summaries without the columns add
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import duckdb
 
 from goodlens.storage import reports
@@ -22,6 +24,10 @@ from goodlens.storage.schema import ALL_STEP_RANGES, SUMMARY_NAMES, SUMMARY_SELE
 #: Raw rows summarised per statement (bounds the memory the medians need).
 SUMMARY_CHUNK_ROWS = 4_000_000
 _NAMES = ", ".join(SUMMARY_NAMES)
+#: Called in a pass's transaction with the merged dirty ranges ``(run, attempt, lo, hi)``
+#: before they are summarised; what it returns is called once they are (a Parquet reader
+#: keeps a step's earlier figures where rows it counted are gone).
+Guard = Callable[[duckdb.DuckDBPyConnection, list[tuple]], Callable[[], None]]
 
 
 def stale_columns(con: duckdb.DuckDBPyConnection, table: str = "step_summaries") -> list[str]:
@@ -36,14 +42,16 @@ def mark_all_dirty(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("INSERT INTO dirty " + ALL_STEP_RANGES)
 
 
-def summarize_dirty(con: duckdb.DuckDBPyConnection, changed: list[str] | None = None) -> int:
+def summarize_dirty(con: duckdb.DuckDBPyConnection, changed: list[str] | None = None,
+                    guard: Guard | None = None) -> int:
     """Recompute the summaries of every dirty step range on ``con`` (in one transaction) and
     clear ``dirty``; returns the steps summarised.
 
     ``changed`` (the writer's summariser passes a list): also take the runs whose rows
     changed (``report_dirty``), mark their stored reports stale in the same transaction and
     append their ids to ``changed``: the summaries those reports need are then in place, and
-    a crash after the commit leaves the reports marked stale, never silently old."""
+    a crash after the commit leaves the reports marked stale, never silently old.
+    ``guard``: see :data:`Guard`."""
     total = 0
     # one snapshot for everything: the dirty rows read are exactly the ones deleted, and
     # rows the writer commits meanwhile stay dirty for the next pass
@@ -51,8 +59,12 @@ def summarize_dirty(con: duckdb.DuckDBPyConnection, changed: list[str] | None = 
     try:
         rows = con.execute("SELECT run_id, attempt, lo, hi FROM dirty "
                            "ORDER BY run_id, attempt, lo").fetchall()
-        for run_id, attempt, lo, hi in merge_ranges(rows):
+        ranges = merge_ranges(rows)
+        after = guard(con, ranges) if guard is not None and ranges else None
+        for run_id, attempt, lo, hi in ranges:
             total += _summarize_range(con, run_id, attempt, lo, hi)
+        if after is not None:
+            after()
         con.execute("DELETE FROM dirty")
         if changed is not None:
             changed += reports.take_changed(con)
