@@ -13,11 +13,41 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 #: Steps a finding's job-level cost is priced over (the attempt's latest).
 RECENT = 64
+#: Step times kept for the baseline before a finding's onset (its ``RECENT`` steps before
+#: the onset, read while the finding is reported within this many steps of it).
+HISTORY = 1024
+#: Known step times a baseline (before the onset) and the steps since it need to be read.
+MIN_BASE = 16
+#: An attempt's first steps, left out of a baseline (warm-up: caches, allocators, JIT).
+WARMUP = 10
+
+
+@dataclass(frozen=True)
+class JobCost:
+    """A subject's cost to the job's step, two ways (0.1 = steps 10% longer than without
+    it): ``ready`` from the ranks' ready times (how much later its latest rank reaches the
+    collective than the latest rank outside it); ``seen`` the job's own step time since the
+    onset against the ``RECENT`` steps before it (None where that baseline is not clean:
+    fewer than ``MIN_BASE`` known steps on either side, in this attempt). ``value`` is the
+    smaller: the ready times cannot see work the other ranks did while the subject was late
+    (on ranks sharing cores it ran then instead of after), and the step time change takes
+    in anything else that slowed the job since the onset, but a subject never costs the job
+    more than its steps grew."""
+
+    ready: float | None
+    seen: float | None
+
+    @property
+    def value(self) -> float | None:
+        if self.ready is None or self.seen is None:
+            return self.ready
+        return min(self.ready, self.seen)
 
 
 class RecentSteps:
@@ -31,29 +61,83 @@ class RecentSteps:
         self.step = np.zeros(RECENT, np.int64)
         self.time = np.full(RECENT, np.nan)
         self.count = 0   # steps added since the attempt began (rows: the last RECENT)
+        self.h_first = 0   # the attempt's first step added
+        self.h_step = np.zeros(HISTORY, np.int64)   # the last HISTORY steps' times
+        self.h_time = np.full(HISTORY, np.nan)
+        self.h_start = np.full(HISTORY, np.nan)     # and starts (NaN: not known)
 
     def clear(self) -> None:
         """Forget every step (a new attempt)."""
         self.count = 0
 
-    def add_one(self, step: int, ready: np.ndarray, step_time_s: float | None) -> None:
+    def add_one(self, step: int, ready: np.ndarray, step_time_s: float | None,
+                start_s: float | None = None) -> None:
         at = self.count % RECENT
         self.ready[at] = ready
         self.step[at] = step
         self.time[at] = _known(step_time_s)
+        h = self.count % HISTORY
+        self.h_step[h], self.h_time[h] = step, self.time[at]
+        self.h_start[h] = math.nan if start_s is None else start_s
+        self.h_first = step if self.count == 0 else self.h_first
         self.count += 1
 
     def add(self, steps: Sequence[int], ready: np.ndarray,
-            step_times: Sequence[float | None]) -> None:
+            step_times: Sequence[float | None],
+            starts: Sequence[float | None] | None = None) -> None:
         lo = max(0, len(steps) - RECENT)   # (at most a ring's worth: the last rows)
         at = (self.count + np.arange(lo, len(steps))) % RECENT
         self.ready[at] = ready[lo:]
         self.step[at] = steps[lo:]
         self.time[at] = [_known(t) for t in step_times[lo:]]
+        lo = max(0, len(steps) - HISTORY)
+        h = (self.count + np.arange(lo, len(steps))) % HISTORY
+        self.h_step[h] = steps[lo:]
+        self.h_time[h] = [_known(t) for t in step_times[lo:]]
+        self.h_start[h] = np.nan if starts is None else \
+            [math.nan if t is None else t for t in starts[lo:]]
+        self.h_first = int(steps[0]) if self.count == 0 and len(steps) else self.h_first
         self.count += len(steps)
 
+    def seen(self, since: int | None, first: int | None = None) -> float | None:
+        """The job's own step over the recent steps from ``since`` on against the ``RECENT``
+        steps before ``first`` (``since`` when None; the attempt's first ``WARMUP`` steps
+        left out), as a slowdown (0.1: 10% longer, never below 0): medians of the step
+        period (from one step's start to the next one's, where both are known) or else of
+        the step's duration; None where either side has fewer than ``MIN_BASE`` of them in
+        this attempt (no onset, one too early in the attempt or older than the history)."""
+        if since is None:
+            return None
+        first = since if first is None else first
+        kh = min(self.count, HISTORY)
+        order = np.argsort(self.h_step[:kh], kind="stable")
+        step, start = self.h_step[:kh][order], self.h_start[:kh][order]
+        period = np.full(kh, np.nan)
+        nxt = np.flatnonzero(np.diff(step) == 1)
+        period[nxt] = start[nxt + 1] - start[nxt]
+        recent = self.step[:min(self.count, RECENT)]
+        after = step >= max(since, int(recent.min()) if len(recent) else since)
+        before = (step < first) & (step >= max(first - RECENT, self.h_first + WARMUP))
+        for x in (period, self.h_time[:kh][order]):
+            a, b = x[after & np.isfinite(x)], x[before & np.isfinite(x)]
+            if len(a) >= MIN_BASE and len(b) >= MIN_BASE:
+                base = float(np.median(b))
+                return max(float(np.median(a)) / base - 1.0, 0.0) if base > 0 else None
+        return None
+
     def job_slowdown(self, ranks: list[int], since: int | None) -> float | None:
-        """What the subject covering ``ranks`` costs the job per step. Per step (from step
+        """What the subject covering ``ranks`` costs the job per step (:class:`JobCost`'s
+        ``value``: the smaller of :meth:`ready_cost` and :meth:`seen`)."""
+        return self.job_cost(ranks, since).value
+
+    def job_cost(self, ranks: list[int], since: int | None) -> JobCost:
+        """The subject's cost both ways (:class:`JobCost`)."""
+        ready = self.ready_cost(ranks, since)
+        return JobCost(ready, None if ready is None else self.seen(since))
+
+    def ready_cost(self, ranks: list[int], since: int | None) -> float | None:
+        """What the subject covering ``ranks`` costs the job per step by the ranks' ready
+        times. Per step (from step
         ``since`` on, when given) the job loses the time its latest rank reaches the
         collective after the latest rank outside it (none where one outside is later): the
         collective waits for the slowest rank, so without the subject the step would end
@@ -80,8 +164,8 @@ class RecentSteps:
         base = float(np.median(t - loss[ok]))
         return lost / base if base > 0 else None
 
-    def joint_job_slowdown(self, subjects: Sequence[Sequence[int]], since: int | None
-                           ) -> tuple[float, list[float]] | None:
+    def joint_job_slowdown(self, subjects: Sequence[Sequence[int]], since: int | None,
+                           first: int | None = None) -> tuple[float, list[float]] | None:
         """What the subjects covering ``subjects`` (each a list of ranks: the open findings)
         cost the job together, and each one's part of it: ``(joint, parts)``, the parts in
         the order given, adding up to ``joint``. Over the steps from ``since`` on (all the
@@ -97,7 +181,13 @@ class RecentSteps:
           rank's ready time), slowest first, are removed one at a time; each is charged the
           drop in the median latest ready time its removal causes, the others slower than
           it being gone already. The drops telescope to the joint loss, and none is
-          negative (each removal can only lower every step's latest time)."""
+          negative (each removal can only lower every step's latest time).
+        - Bounded as a finding's cost is (:class:`JobCost`), where ``first`` (the earliest
+          onset among them) is given: where the job's own step since ``since`` against the
+          steps before ``first`` grew by less (:meth:`seen`), the joint is that, and every
+          part is scaled by the same factor (they still add up to it). Without ``first``
+          (a subject slow since before this attempt: no step without it to compare
+          with) it is not bounded."""
         k = min(self.count, RECENT)
         rows = np.arange(k) if since is None else np.flatnonzero(self.step[:k] >= since)
         own: list[list[int]] = [[] for _ in subjects]
@@ -132,7 +222,12 @@ class RecentSteps:
         parts = [0.0] * len(subjects)
         for j, i in enumerate(order):
             parts[i] = (med[j] - med[j + 1]) / base
-        return (med[0] - med[-1]) / base, parts
+        joint = (med[0] - med[-1]) / base
+        seen = None if first is None else self.seen(since, first)
+        if seen is not None and seen < joint:
+            parts = [p * seen / joint for p in parts]
+            joint = seen
+        return joint, parts
 
 
 def _latest_outside(x: np.ndarray, cols: list[int]) -> np.ndarray:

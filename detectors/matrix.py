@@ -34,6 +34,8 @@ class StepMatrix:
     values: np.ndarray
     duration: np.ndarray
     """Per row, a step duration (the last rank's row written wins; NaN when none)."""
+    start: np.ndarray | None = None
+    """Per row, when the step began on one reference clock (NaN or None: not known)."""
 
     @property
     def n_ranks(self) -> int:
@@ -41,8 +43,10 @@ class StepMatrix:
 
 
 def step_matrix(attempt: np.ndarray, step: np.ndarray, rank: np.ndarray, value: np.ndarray,
-                duration: np.ndarray | None = None) -> StepMatrix:
-    """The matrix of ``value`` from per-row arrays (any row order)."""
+                duration: np.ndarray | None = None, start: np.ndarray | None = None
+                ) -> StepMatrix:
+    """The matrix of ``value`` from per-row arrays (any row order); ``start``: each row's
+    start, a step's the lowest rank's (the reference clock)."""
     import pandas as pd  # here, not at the top: ``goodlens detect`` never builds one
 
     att = np.asarray(attempt, np.int64)
@@ -73,17 +77,25 @@ def step_matrix(attempt: np.ndarray, step: np.ndarray, rank: np.ndarray, value: 
     dur = np.full(rows, np.nan)
     if duration is not None:
         dur[row] = np.asarray(duration, float)
-    return StepMatrix(r_att, r_step, m, dur)
+    first = None
+    if start is not None:   # each row's lowest rank's
+        first = np.full(rows, np.nan)
+        order = np.lexsort((rnk, row))
+        lead = order[np.r_[True, np.diff(row[order]) != 0]]
+        first[row[lead]] = np.asarray(start, float)[lead]
+    return StepMatrix(r_att, r_step, m, dur, first)
 
 
 def frame_matrix(steps: pd.DataFrame, value: str | np.ndarray) -> StepMatrix:
-    """:func:`step_matrix` over a frame's ``attempt`` (0 when absent), ``step``, ``rank``
-    and ``duration_s`` (when present) columns, of ``value``: a column's name, or one value
-    per row (computed by the caller, so the frame is not copied to hold it)."""
+    """:func:`step_matrix` over a frame's ``attempt`` (0 when absent), ``step``, ``rank``,
+    ``duration_s`` and ``start_time`` (when present) columns, of ``value``: a column's
+    name, or one value per row (computed by the caller, so the frame is not copied)."""
     att = steps["attempt"].to_numpy() if "attempt" in steps else np.zeros(len(steps), np.int64)
     dur = steps["duration_s"].to_numpy(float) if "duration_s" in steps else None
+    start = steps["start_time"].to_numpy(float) if "start_time" in steps else None
     return step_matrix(att, steps["step"].to_numpy(), steps["rank"].to_numpy(),
-                       steps[value].to_numpy(float) if isinstance(value, str) else value, dur)
+                       steps[value].to_numpy(float) if isinstance(value, str) else value, dur,
+                       start)
 
 
 def ready_column(steps: pd.DataFrame) -> pd.Series:

@@ -30,7 +30,7 @@ import numpy as np
 
 from goodlens.detectors.config import StragglerConfig
 from goodlens.detectors.fastforward import fast_forward
-from goodlens.detectors.jobcost import RecentSteps
+from goodlens.detectors.jobcost import JobCost, RecentSteps
 from goodlens.detectors.matrix import StepMatrix, frame_matrix, ready_column
 from goodlens.detectors.nvidia import RuleFlag, nvidia_rule, nvidia_rule_matrix
 from goodlens.detectors.scoring import Block, Units, capped_scores, excluded, prepare
@@ -91,10 +91,9 @@ class Finding:
     relative_to: str = "the rest of the job"
     """What the subject was compared with (its siblings one level up)."""
     job_slowdown: float | None = None
-    """What the subject costs the job per step: how much later its latest rank reaches the
-    collective than the latest rank outside it (what the collective would wait for without
-    it; 0 where that one is later), over the step time the job would have without it (0.1 =
-    steps 10% longer than without it): medians over the last 64 steps since onset. Smaller
+    """What the subject costs the job per step: the smaller of ``job_slowdown_ready`` and
+    ``job_slowdown_seen`` (the ready times' estimate, bounded by how much the job's steps
+    really grew since the onset, where that is known). ``job_slowdown_ready`` is smaller
     than ``slowdown`` where collectives are a real share of the step (under FSDP2 they can
     be most of it) or where the other ranks' times spread; None where no step of the
     subject's is known (or it covers every rank). The others stay in the job: where two
@@ -108,7 +107,19 @@ class Finding:
     joint_job_slowdown: float | None = None
     """What every finding open at ``last_step`` costs the job's step together (the run's
     figure, the same on each of them): the median step's latest ready time with them
-    against without any of them, over the step the job would have without them."""
+    against without any of them, over the step the job would have without them; bounded,
+    as ``job_slowdown`` is, by how much the job's steps grew since their onsets."""
+    job_slowdown_ready: float | None = None
+    """How much later the subject's latest rank reaches the collective than the latest
+    rank outside it (what the collective would wait for without it; 0 where that one is
+    later), over the step time the job would have without it (0.1 = steps 10% longer than
+    without it): medians over the last 64 steps since onset. Overstates where the other
+    ranks' work after the collective ran while the subject was late (ranks sharing cores)."""
+    job_slowdown_seen: float | None = None
+    """The job's own step time (each step's median duration) over those steps against the
+    64 steps before the onset (0.1: 10% longer; never below 0). None where either side has
+    fewer than 16 known steps in this attempt. Takes in anything else that changed the step
+    since the onset."""
 
 
 @dataclass
@@ -201,20 +212,25 @@ class StragglerDetector:
 
     # ------------------------------------------------------------------ scoring
     def update(self, step: int, ready: np.ndarray, *, step_time_s: float | None = None,
-               attempt: int | None = None) -> list[Finding]:
+               attempt: int | None = None, step_start_s: float | None = None
+               ) -> list[Finding]:
         """Score one step: ``ready[r]`` is rank r's time to reach the collective, in seconds
         (its step minus its collective wait; NaN where it did not report). ``step_time_s``
         (the step's duration) turns the wait into a per-hour figure; without it the median
         ready time stands in. A new ``attempt`` resets the state first (see :meth:`reset`).
+        ``step_start_s`` (when the step began on one reference clock, any epoch) gives the
+        job's step period, which a finding's cost is bounded by (``job_slowdown_seen``).
         Returns the findings new, updated or resolved at this step."""
         c = np.asarray(ready, dtype=float)
         if c.shape != (self.n,):
             raise ValueError(f"ready must have shape ({self.n},), got {c.shape}")
-        return self.update_many([step], c[None, :], [step_time_s], attempt=attempt)
+        return self.update_many([step], c[None, :], [step_time_s], attempt=attempt,
+                                step_starts=[step_start_s])
 
     def update_many(self, steps: Sequence[int], ready: np.ndarray,
                     step_times: Sequence[float | None] | None = None, *,
-                    attempt: int | None = None) -> list[Finding]:
+                    attempt: int | None = None,
+                    step_starts: Sequence[float | None] | None = None) -> list[Finding]:
         """:meth:`update` for consecutive steps of one attempt at once (``ready`` rows x
         ranks): the same findings, prepared a block at a time (see
         :mod:`~goodlens.detectors.scoring`), quiet steps advanced many at once (see
@@ -228,6 +244,7 @@ class StragglerDetector:
             else:
                 self.reset(attempt)
         times = [None] * len(m) if step_times is None else list(step_times)
+        starts = [None] * len(m) if step_starts is None else list(step_starts)
         out: list[Finding] = []
         i = 0
         while i < len(m):
@@ -239,13 +256,14 @@ class StragglerDetector:
                 done = fast_forward(self, blk, j, steps, times, rows.start) \
                     if len(blk.ref) - j > 1 else 0
                 if done:
-                    self._recent.add(steps[i:i + done], m[i:i + done], times[i:i + done])
+                    self._recent.add(steps[i:i + done], m[i:i + done], times[i:i + done],
+                                     starts[i:i + done])
                     i, j = i + done, j + done
                     continue
                 i, j = i + 1, j + 1
                 if not blk.scored[j - 1]:
                     continue
-                self._recent.add_one(steps[i - 1], m[i - 1], times[i - 1])
+                self._recent.add_one(steps[i - 1], m[i - 1], times[i - 1], starts[i - 1])
                 out += self._advance(blk, j - 1, int(steps[i - 1]), times[i - 1], attempt)
                 if self._suspects_moved():
                     break   # the rest of the block is prepared again for the new set
@@ -328,7 +346,10 @@ class StragglerDetector:
                 if int(i) in self._open:
                     out.append(self._emit(int(i), step, attempt, "resolved"))
         for g, o in list(self._open.items()):
-            if o.members is not None and not u.flagged[o.members].any():
+            # a roll-up whose members are all cleared; one carried over a restart (the reset
+            # cleared its members' flags) is left to _updates: found again, it goes on
+            if o.carried_at is None and o.members is not None and \
+                    not u.flagged[o.members].any():
                 out.append(self._emit(g, step, attempt, "resolved"))
         hot = self._hot.nonzero()[0] if self.updates >= cfg.min_steps else ()
         if len(hot):   # (over the threshold implies hot: the threshold's share is <= 1)
@@ -392,7 +413,7 @@ class StragglerDetector:
             elif self.updates - o.job_checked >= cfg.update_every:
                 # compared only as often as the job slowdown (the fast path's cadence)
                 o.job_checked = self.updates
-                job = self._job(self._ranks(i)[2], o)
+                job = self._job(self._ranks(i)[2], o).value
                 if (job is not None and (o.job is None or cfg.moved(job, o.job))) or \
                         cfg.moved(self._wait(i, o), o.waited):
                     out.append(self._emit(i, step, attempt, "update"))
@@ -488,9 +509,10 @@ class StragglerDetector:
         host, sw, rel = lay.context(kind, idx) if lay.host is not None else (
             None, None, "the rest of the job")
         joint, parts = self._joint()
+        cost = self._job(members, o)
         return Finding(kind, lay.name(kind, idx), members, o.first_step, o.detected_step, slow,
                        max(wait, 0.0), per_hour, action, conf, attempt, "update", o.id, step,
-                       host, sw, rel, self._job(members, o), parts.get(i), joint)
+                       host, sw, rel, cost.value, parts.get(i), joint, cost.ready, cost.seen)
 
     def _ranks(self, i: int) -> tuple[str, int, list[int]]:
         """Unit ``i``'s kind, index among its kind, and the ranks it covers."""
@@ -498,12 +520,12 @@ class StragglerDetector:
         return kind, idx, [idx] if kind == "rank" else [
             int(r) for r in self.layout.rank_units(kind, idx)]
 
-    def _job(self, ranks: list[int], o: _Open) -> float | None:
+    def _job(self, ranks: list[int], o: _Open) -> JobCost:
         """What the subject covering ``ranks`` costs the job now, over the attempt's recent
         steps since its onset (a finding from an earlier attempt: every step of this one,
-        restored ones included)."""
-        return self._recent.job_slowdown(ranks, o.first_step if o.attempt == self.attempt
-                                         else None)
+        restored ones included, and no baseline before it)."""
+        return self._recent.job_cost(ranks, o.first_step if o.attempt == self.attempt
+                                     else None)
 
     def _joint(self) -> tuple[float | None, dict[int, float]]:
         """The open findings' joint job slowdown and each one's part (by unit), over the
@@ -516,8 +538,11 @@ class StragglerDetector:
             return self._joint_val
         units = list(self._open)
         onsets = [o.first_step for o in self._open.values() if o.attempt == self.attempt]
+        # bounded by the steps before the earliest onset: where every one began in this
+        # attempt (one carried over a restart has no steps without it here)
+        first = min(onsets) if onsets and len(onsets) == len(units) else None
         got = self._recent.joint_job_slowdown([self._ranks(i)[2] for i in units],
-                                              max(onsets) if onsets else None)
+                                              max(onsets) if onsets else None, first)
         val: tuple[float | None, dict[int, float]] = (None, {}) if got is None else \
             (got[0], dict(zip(units, got[1], strict=True)))
         self._joint_key, self._joint_val = key, val
@@ -563,8 +588,10 @@ def detect_matrix(sm: StepMatrix, config: StragglerConfig | None = None,
     bounds = [0, *(np.flatnonzero(np.diff(sm.attempts)) + 1).tolist(), len(sm.attempts)]
     for lo, hi in itertools.pairwise(bounds):   # each attempt's rows
         # (a NaN duration: none known, the median ready time stands in)
+        starts = None if sm.start is None else sm.start[lo:hi].tolist()
         for f in det.update_many(sm.steps[lo:hi], sm.values[lo:hi],
-                                 sm.duration[lo:hi].tolist(), attempt=int(sm.attempts[lo])):
+                                 sm.duration[lo:hi].tolist(), attempt=int(sm.attempts[lo]),
+                                 step_starts=starts):
             latest[f.id] = f
     for f in det.active():
         latest[f.id] = f

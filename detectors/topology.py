@@ -81,6 +81,28 @@ class Topology:
         return self.switch_names[index] if self.switch_names else int(index)
 
 
+def moved(old: Topology | None, new: Topology | None) -> bool:
+    """Whether a rank of ``new`` runs on another host than in ``old`` (by name, over the
+    ranks both cover), or hosts became known or unknown."""
+    if old is None or new is None:
+        return (old is None) != (new is None)
+    n = min(len(old.rank_host), len(new.rank_host))
+    return any(old.host_names[old.rank_host[r]] != new.host_names[new.rank_host[r]]
+               for r in range(n))
+
+
+def new_world(old: Topology | None, old_ranks: int, new: Topology | None,
+              new_ranks: int) -> bool:
+    """Whether an attempt (``new``, ``new_ranks`` ranks) runs in another world than the one
+    a detector follows (``old``, sized for ``old_ranks``): a rank on another host, or more
+    ranks than it holds. A detector's subjects, and so its findings, belong to one world:
+    a rank moved to a spare is another machine, so the live detector and a batch pass both
+    start a new detector there and end the old world's findings at its last step (see
+    ``goodlens.analysis.findings.end_world``). A restart on the same hosts, or on fewer
+    of them, is the same world: a finding still slow after it goes on."""
+    return new_ranks > old_ranks or moved(old, new)
+
+
 def _natural_key(name: str) -> tuple[str | int, ...]:
     """Sort key of a host name with its digit runs as numbers (``node-2`` before
     ``node-10``, ``10.0.1.2`` before ``10.0.1.12``)."""

@@ -213,6 +213,21 @@ def true_lateness(res: JobResult, slow_rank: int, attempt: int, last: int = 64) 
     return statistics.median(loss) / statistics.median(base)
 
 
+def step_period_growth(res: JobResult, onset: int, attempt: int = 0, last: int = 64,
+                       warmup: int = 10) -> float:
+    """How much longer the job's step got after ``onset`` by its own clock: rank 0's step
+    period (one step's start to the next one's), median over the attempt's last ``last``
+    steps from ``onset`` on, against the median over its steps from ``warmup`` to the onset
+    (the first steps are the job's warm-up: on a loaded machine 2-4x the later ones), less
+    one. What a finding's ``job_slowdown`` claims: how much shorter the steps would be
+    without it."""
+    own = res.own_steps(0, attempt)
+    period = {s: own[s + 1][0] - own[s][0] for s in own if s + 1 in own}
+    before = [p for s, p in period.items() if warmup <= s < onset]
+    after = [p for s, p in sorted(period.items()) if s >= onset][-last:]
+    return statistics.median(after) / statistics.median(before) - 1.0
+
+
 def ready_lateness(res: JobResult, slow_rank: int, onset: int,
                    ranks: int) -> dict[str, float]:
     """The job's own clock on a slowed rank (``ready`` and ``step`` lines of attempt 0):

@@ -1,9 +1,11 @@
 """Straggler findings of a stored run: those the live collector flagged, or a batch pass.
 
 ``goodlens detect`` and the dashboard's ranks page ask the same question of a stored run;
-this module answers it once: build the topology from each rank's host and the run's tags
-(``switch_of_host`` or ``nodes_per_switch``), and run the detector over the step records,
-or read back the ``straggler_flagged`` events the collector's live detector stored. Both also
+this module answers it once: build the topology from each rank's host in each attempt
+(:func:`attempt_rank_hosts`) and the run's tags (``switch_of_host`` or
+``nodes_per_switch``), and run the detector over the step records, one detector per world
+(a rank moved to another host starts a new one), or read back the ``straggler_flagged``
+events the collector's live detector stored. Both also
 lay the findings out the same way: :data:`FINDING_COLUMNS` and :func:`finding_cells` are the
 one definition of the table's columns, their order and their text.
 """
@@ -11,13 +13,16 @@ one definition of the table's columns, their order and their text.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from goodlens.detectors.matrix import StepMatrix
 from goodlens.detectors.stragglers import Finding, StragglerConfig, Topology, detect_matrix
+from goodlens.detectors.topology import new_world
 from goodlens.model.schema import EventKind
 from goodlens.storage.reader import RunReader
 
@@ -34,28 +39,122 @@ def run_tags(info: dict[str, Any] | None) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
+def attempt_rank_hosts(source: RunReader, run_id: str,
+                       attempts: Iterable[int] | None = None
+                       ) -> dict[int, dict[int, str | None]]:
+    """Where each rank ran, per attempt: ``{attempt: {rank: host}}`` (None: the rank
+    reported no host), as the ranks reported it at the attempt's first summarised step.
+    A launcher places ranks when an attempt starts, so this is where each rank ran at every
+    step of that attempt; across attempts a rank can move (an elastic restart gives a failed
+    or evicted host's ranks to a spare). Anything that names the host of a finding, or of a
+    step, reads it here for the attempt in question, never from the run's latest attempt.
+    ``attempts``: those to read (default: every attempt of the run); an attempt without
+    step records is left out."""
+    if attempts is None:
+        attempts = [int(a) for a in source.attempts(run_id).attempt]
+    out = {}
+    for a in sorted({int(a) for a in attempts}):
+        hosts = source.rank_host_map(run_id, a)
+        if hosts:
+            out[a] = hosts
+    return out
+
+
+def finding_hosts(f: Mapping[str, Any], by_attempt: Mapping[int, Mapping[int, str | None]]
+                  ) -> list[str]:
+    """The hosts a finding's ranks ran on over the attempts it covers (from the one it began
+    in to the one of its latest state), sorted by name; ``by_attempt`` is
+    :func:`attempt_rank_hosts`'s answer. One host for a rank or host finding (a finding
+    never spans two placements of its ranks: see :func:`end_world`), those of its ranks
+    for a switch's; empty where no host is known."""
+    first, last = finding_attempt(f), f.get("attempt")
+    last = first if last is None or last != last else int(last)
+    if first is None:
+        return []
+    ranks = [int(r) for r in f.get("ranks") or []]
+    return sorted({h for a in range(first, last + 1) for r in ranks
+                   if (h := by_attempt.get(a, {}).get(r)) is not None})
+
+
+def finding_host(f: Mapping[str, Any]) -> str | None:
+    """The one host a finding names: a host finding's subject, a rank finding's host
+    (where it ran in the finding's attempts); None for a switch, or where not known."""
+    if f.get("subject_kind") == "host":
+        return str(f["subject_id"])
+    if f.get("subject_kind") == "rank" and f.get("host") is not None:
+        return str(f["host"])
+    return None
+
+
+def end_world(found: Iterable[Finding]) -> list[Finding]:
+    """The findings of a world that ended (its ranks moved to other hosts, or more ranks
+    joined: :func:`~goodlens.detectors.topology.new_world`), each one still open resolved
+    in its state at the world's last step. A subject's finding never follows its ranks to
+    another host: a spare that takes a slow host's ranks is another machine, and a rank
+    still slow there is a new finding that names the new host. The live detector and a
+    batch pass both end a world so, and so report the same findings."""
+    return [f if f.status == "resolved" else dataclasses.replace(f, status="resolved")
+            for f in found]
+
+
 def detect_run(source: RunReader, run_id: str, config: StragglerConfig | None = None
                ) -> list[Finding]:
     """Every finding the streaming detector (``config``: its defaults when None) reports over
     the stored run, each in its latest state (batch pass over each rank's time to reach the
     collective; needs the store's raw step records). The topology is where each rank ran in
-    the latest attempt. Reads arrays and rows, never a frame: ``goodlens detect`` runs
-    without importing pandas."""
+    each attempt (:func:`attempt_rank_hosts`): consecutive attempts in one world share a
+    detector, and a new world (:func:`~goodlens.detectors.topology.new_world`) starts a new
+    one, the old world's open findings resolved at its end (:func:`end_world`), as the
+    collector's live detector does. Reads arrays and rows, never a frame: ``goodlens
+    detect`` runs without importing pandas."""
     info = source.run_row(run_id)
     if info is None:
         raise KeyError(f"no run {run_id!r}")
     keys, values = source.ready_matrix(run_id)
     if not values.size:
         return []
-    n = values.shape[1]
-    topology = None
-    by_rank = source.rank_host_map(run_id)
-    if by_rank and all(h is not None for h in by_rank.values()) \
-            and all(r in by_rank for r in range(n)):
-        topology = Topology.from_run([by_rank[r] for r in range(n)], run_tags(info))
-    sm = StepMatrix(np.asarray(keys["attempt"], np.int64), np.asarray(keys["step"], np.int64),
-                    values, np.asarray(keys["duration_s"], float))
-    return detect_matrix(sm, config, topology)
+    att = np.asarray(keys["attempt"], np.int64)
+    steps = np.asarray(keys["step"], np.int64)
+    dur = np.asarray(keys["duration_s"], float)
+    start = np.asarray(keys["start_s"], float) if "start_s" in keys else np.full(len(dur), np.nan)
+    worlds = _worlds(att, values, attempt_rank_hosts(source, run_id, np.unique(att).tolist()),
+                     run_tags(info))
+    found: list[Finding] = []
+    for k, (rows, n, topology) in enumerate(worlds):
+        sm = StepMatrix(att[rows], steps[rows], values[rows, :n], dur[rows], start[rows])
+        got = detect_matrix(sm, config, topology)
+        found += got if k == len(worlds) - 1 else end_world(got)
+    return found
+
+
+def _worlds(att: np.ndarray, values: np.ndarray, by_attempt: dict[int, dict[int, str | None]],
+            tags: dict[str, Any]) -> list[tuple[slice | np.ndarray, int, Topology | None]]:
+    """The matrix's rows (in attempt order) cut into worlds: ``(rows, ranks, topology)``, a
+    world's ranks and topology those of its first attempt. An attempt with no time to reach
+    the collective is left out, as the live detector leaves it."""
+    bounds = [0, *(np.flatnonzero(np.diff(att)) + 1).tolist(), len(att)]
+    out: list[tuple[list[tuple[int, int]], int, Topology | None]] = []
+    for lo, hi in itertools.pairwise(bounds):
+        seen = np.flatnonzero(~np.isnan(values[lo:hi]).all(axis=0))
+        if not len(seen):
+            continue
+        hosts = by_attempt.get(int(att[lo]), {})
+        n = max(int(seen.max()), max(hosts, default=-1)) + 1
+        topo = None
+        if all(hosts.get(r) is not None for r in range(n)):
+            topo = Topology.from_run([str(hosts[r]) for r in range(n)], tags)
+        if out and not new_world(out[-1][2], out[-1][1], topo, n):
+            out[-1][0].append((lo, hi))
+        else:
+            out.append(([(lo, hi)], n, topo))
+    return [(_rows(spans), n, topo) for spans, n, topo in out]
+
+
+def _rows(spans: list[tuple[int, int]]) -> slice | np.ndarray:
+    """Row spans as one index: a slice where they follow each other (no copy)."""
+    if all(a[1] == b[0] for a, b in itertools.pairwise(spans)):
+        return slice(spans[0][0], spans[-1][1])
+    return np.concatenate([np.arange(lo, hi) for lo, hi in spans])
 
 
 def stored_findings(source: RunReader, run_id: str) -> list[dict[str, Any]]:
@@ -90,7 +189,8 @@ def finding_dicts(found: list[Finding]) -> list[dict[str, Any]]:
 #: table and the dashboard's ranks page both lay findings out with these (one definition, so
 #: the two cannot drift); :func:`finding_cells` gives each column's text for one finding.
 FINDING_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("subject", "subject"), ("relative_to", "slower than"), ("attempt", "attempt"),
+    ("subject", "subject"), ("host", "host"), ("relative_to", "slower than"),
+    ("attempt", "attempt"),
     ("first_step", "from step"), ("detected_step", "detected at"),
     ("slowdown", "slower to collective"), ("job_slowdown", "job slowdown"),
     ("job_slowdown_part", "part of joint"), ("joint_job_slowdown", "joint, all open"),
@@ -124,7 +224,9 @@ def finding_attempt(f: dict[str, Any]) -> int | None:
 
 
 def finding_cells(f: dict[str, Any]) -> dict[str, str]:
-    """One finding's text under each of :data:`FINDING_COLUMNS` (keyed like them). Two
+    """One finding's text under each of :data:`FINDING_COLUMNS` (keyed like them): the
+    host it names (:func:`finding_host`: where its ranks ran in its attempts; empty for a
+    switch), then two
     slowdowns, both as percentages: ``slowdown`` ("slower to collective", the subject's
     excess time to reach the collective over its siblings', what the detector scores) and
     ``job_slowdown`` ("job slowdown", what it costs the job's step with the other
@@ -142,6 +244,7 @@ def finding_cells(f: dict[str, Any]) -> dict[str, str]:
     part, joint = (None, None) if resolved else (f.get("job_slowdown_part"),
                                                  f.get("joint_job_slowdown"))
     return {"subject": f"{f['subject_kind']} {f['subject_id']}",
+            "host": finding_host(f) or "",
             "relative_to": str(f.get("relative_to") or ""),
             "attempt": "" if a is None else str(a),
             "first_step": str(f.get("first_step", "")),

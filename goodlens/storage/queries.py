@@ -165,8 +165,9 @@ class SqlReader:
 
     def ready_matrix(self, run_id: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """What the straggler detector reads, laid out for it: the run's steps in (attempt,
-        step) order with each step's median duration (arrays ``attempt``, ``step`` and
-        ``duration_s``, NaN where none is known), and a steps x ranks float32 matrix of each
+        step) order with each step's median duration and its start on the lowest reporting
+        rank's clock (arrays ``attempt``, ``step``, ``duration_s`` and ``start_s``, NaN where
+        none is known), and a steps x ranks float32 matrix of each
         rank's time to reach the collective (NaN: no report). The cell of each rank-step
         (its step's row x ranks + its rank) is computed in the query
         (:func:`_cells_query`), so millions of rows cost two narrow columns and one
@@ -174,7 +175,8 @@ class SqlReader:
         cur = self._cursor()
         n, total = self._rank_columns(cur, run_id)
         keys = cur.execute(
-            "SELECT attempt, step, coalesce(duration_median, 'NaN'::DOUBLE) AS duration_s "
+            "SELECT attempt, step, coalesce(duration_median, 'NaN'::DOUBLE) AS duration_s, "
+            "coalesce(ref_start, 'NaN'::DOUBLE) AS start_s "
             "FROM step_summaries WHERE run_id = ? ORDER BY attempt, step",
             [run_id]).fetchnumpy()
         rows = len(keys["step"])

@@ -384,9 +384,9 @@ def _cells(line: str) -> list[str]:
 
 def test_detect_text_has_the_ranks_pages_columns(demo_db):
     header, rule, *rows = run("detect", "--db", demo_db, "--run", "demo-8x").output.splitlines()
-    assert _cells(header) == ["subject", "slower than", "attempt", "from step", "detected at",
-                              "slower to collective", "job slowdown", "part of joint",
-                              "joint, all open", "wait so far",
+    assert _cells(header) == ["subject", "host", "slower than", "attempt", "from step",
+                              "detected at", "slower to collective", "job slowdown",
+                              "part of joint", "joint, all open", "wait so far",
                               "wait per hour", "action", "confidence", "state"]
     assert set(rule) == {"-", " "}
     # the recipe's straggler: rank 5 (on node-1 with ranks 4-7), slow from step 150 of
@@ -402,7 +402,7 @@ def test_detect_text_has_the_ranks_pages_columns(demo_db):
     # (the same medians: 5.6%); the line under the table says it too
     *rows, joint = rows
     assert [_cells(r) for r in rows] == [
-        ["rank 5", "the other ranks of host node-1", "0", "150", "161", "9.8%", "5.6%",
+        ["rank 5", "node-1", "the other ranks of host node-1", "0", "150", "161", "9.8%", "5.6%",
          "5.6%", "5.6%", "39.5s", "4m 35s", "evict", "0.83", "open"]]
     assert joint.startswith("open findings together: job slowdown 5.6%")
     from goodlens.analysis.findings import FINDING_COLUMNS

@@ -20,6 +20,7 @@ from tests.jobclock import (
     first_step,
     ready_lateness,
     restart_and_startup_match_the_jobs_clock,
+    step_period_growth,
     true_straggler_wait,
 )
 from tests.recorded import replay
@@ -63,6 +64,19 @@ def test_the_straggler_wait_is_the_lateness_on_the_jobs_clock(slow):
     buckets_sum_to_wall_clock(slow.report)
     waited = true_straggler_wait(slow, slow.job["ranks"], {0: (0, slow.job["settings"]["steps"])})
     assert slow.report["buckets"]["straggler_wait"] == pytest.approx(waited, rel=0.05)
+
+
+def test_the_job_slowdown_is_what_the_jobs_step_grew(slow):
+    """What rank 2 costs the job: rank 0's step period over the last 64 steps against the
+    steps before the onset, by the job's clock (``step_period_growth``): within 10%. The
+    ready times alone read 20% more (the others' work after the collective ran while rank 2
+    was late); the step's own growth bounds it (``test_recorded_jobcost.py``)."""
+    s = slow.job["settings"]
+    (f,) = [f for f in slow.findings() if f["ranks"] == [s["slow_rank"]]]
+    truth = step_period_growth(slow, s["onset"])
+    print(f"job_slowdown {f['job_slowdown']:.3f} (ready {f['job_slowdown_ready']:.3f}), "
+          f"job's step grew {truth:.3f}")
+    assert f["job_slowdown"] == pytest.approx(truth, rel=0.10), (f, truth)
 
 
 # ------------------------------------------------------------- a crash and a restart (DCP)

@@ -321,3 +321,66 @@ def test_restart_and_recompute_match_the_jobs_clock(elastic):
     rolled = max(b for _, b in own.values()) - own[resumed + 1][0]
     a1 = next(a for a in rep["attempts"] if a["attempt"] == 1)
     assert a1["buckets"]["recompute"] == pytest.approx(rolled, abs=0.05), (a1, rolled)
+
+
+#: By hand, from the scenario (examples/elastic/scenario.py, job.json): node-b is the slowed
+#: node the job evicted in attempt 2; node-d (joined in attempt 2, held ranks 2-3 in attempt
+#: 3) and node-e (joined in attempt 3) are the healthy spares.
+SLOW_NODE, SPARES = "node-b", {"node-d", "node-e"}
+
+
+def test_every_surface_names_the_evicted_straggler_never_a_spare(elastic):
+    """After the run, the finding about node-b's ranks names node-b wherever it is read:
+    the live detector's stored findings and events, a batch pass (``goodlens detect``, text
+    and ``--json``), the dashboard's ranks page (its cells), and every eviction
+    ``/v1/actions`` offered the job; it ended with node-b's world, so ``/v1/actions`` offers
+    nothing at the end. No surface names a spare. (The rank-to-host map of the latest
+    attempt puts node-d on ranks 2-3: a finding dated by it would blame node-d.)"""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from goodlens.analysis.findings import (
+        attempt_rank_hosts,
+        detect_run,
+        finding_cells,
+        finding_dicts,
+        finding_host,
+        finding_hosts,
+        stored_findings,
+    )
+    from goodlens.cli import main
+    from goodlens.dashboard.data import RunData
+    from goodlens.storage.store import Store
+
+    res, s = elastic.res, elastic.res.job["settings"]
+    assert (s["slow_node"], set(s["spares"])) == (SLOW_NODE, SPARES)
+    store = Store(res.db, read_only=True)
+    try:
+        by_attempt = attempt_rank_hosts(store, res.run_id)
+        assert by_attempt[3][2] == by_attempt[3][3] == "node-d"   # the trap
+        live = stored_findings(store, res.run_id)
+        batch = finding_dicts(detect_run(store, res.run_id))
+        page = RunData(store).findings(res.run_id)[0]
+        ev = store.events(res.run_id, kinds=["straggler_flagged"])
+    finally:
+        store.close()
+    cli = CliRunner()
+    as_json = cli.invoke(main, ["detect", "--db", str(res.db), "--run", res.run_id, "--json"])
+    text = cli.invoke(main, ["detect", "--db", str(res.db), "--run", res.run_id])
+    assert as_json.exit_code == 0 and text.exit_code == 0, (as_json.output, text.output)
+    cli_found = _json.loads(as_json.output)["findings"]
+    named = {}
+    for surface, found in (("live", live), ("batch", batch), ("detect --json", cli_found),
+                           ("ranks page", page)):
+        ours = [f for f in found if f["attempt"] == 2 and set(f["ranks"]) <= {2, 3}]
+        assert len(ours) == 1, (surface, found)
+        named[surface] = (finding_host(ours[0]), finding_cells(ours[0])["host"],
+                          tuple(finding_hosts(ours[0], by_attempt)), ours[0]["status"])
+        assert not SPARES & {finding_host(f) for f in found}, (surface, found)
+    assert set(named.values()) == {(SLOW_NODE, SLOW_NODE, (SLOW_NODE,), "resolved")}, named
+    assert SLOW_NODE in text.output and not any(h in text.output for h in SPARES)
+    assert set(ev.host.dropna()) == {SLOW_NODE}
+    offered = [d.host for job in (elastic.on, elastic.dry) for _, _, d in job.decisions]
+    assert offered and set(offered) == {SLOW_NODE}, offered
+    assert res.actions["evict"] == []

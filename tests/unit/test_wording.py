@@ -72,13 +72,15 @@ def test_a_finding_row_reads_as_the_cli_and_the_ranks_page_show_it() -> None:
     """``goodlens detect``'s and the ranks page's cells for one finding, open then resolved
     (a resolved finding has no evidence left: no confidence to show)."""
     from goodlens.analysis.findings import finding_cells
-    f = {"subject_kind": "rank", "subject_id": 21, "relative_to": "the other ranks of host n2",
-         "id": "2/rank/21/2141", "attempt": 2, "first_step": 2141, "detected_step": 2152,
+    f = {"subject_kind": "rank", "subject_id": 21, "host": "n2",
+         "relative_to": "the other ranks of host n2", "id": "2/rank/21/2141", "attempt": 2,
+         "first_step": 2141, "detected_step": 2152,
          "slowdown": 0.1004, "job_slowdown": 0.0712, "job_slowdown_part": 0.0251,
          "joint_job_slowdown": 0.0934, "straggler_wait_s": 3.4,
          "wait_per_hour_s": 230.0, "action": "evict", "confidence": 0.751, "status": "update"}
     assert finding_cells(f) == {
-        "subject": "rank 21", "relative_to": "the other ranks of host n2", "attempt": "2",
+        "subject": "rank 21", "host": "n2", "relative_to": "the other ranks of host n2",
+        "attempt": "2",
         "first_step": "2141", "detected_step": "2152", "slowdown": "10.0%",
         "job_slowdown": "7.1%", "job_slowdown_part": "2.5%", "joint_job_slowdown": "9.3%",
         "straggler_wait": "3.4s", "wait_per_hour": "3m 50s",
@@ -91,6 +93,11 @@ def test_a_finding_row_reads_as_the_cli_and_the_ranks_page_show_it() -> None:
     assert finding_cells({**f, "job_slowdown": None})["job_slowdown"] == ""
     assert finding_cells({k: v for k, v in f.items() if k != "job_slowdown"})[
         "job_slowdown"] == ""
+    # the host it names: a host finding's own name; none for a switch (many hosts)
+    host = {**f, "subject_kind": "host", "subject_id": "n2", "host": None}
+    assert (finding_cells(host)["subject"], finding_cells(host)["host"]) == ("host n2", "n2")
+    assert finding_cells({**f, "subject_kind": "switch", "subject_id": 0,
+                          "host": None})["host"] == ""
 
 
 def test_the_findings_table_names_both_slowdowns() -> None:
