@@ -4,13 +4,14 @@ The detectors (``detectors/``) are pure statistics; this service feeds them as d
 and acts on what they find, so a launcher can evict a slow node while the run goes on.
 Every ``interval_s`` it reads each run's newly completed steps (a live step once every
 rank seen in its attempt has reported it, or ``late_grace_s`` of data later), updates one
-:class:`~goodlens.detectors.stragglers.StragglerDetector` per run (reset per attempt), and
-publishes each finding it emits: stored as a ``straggler_flagged`` event keyed by the
-finding's id and emission number (a restarted collector adds nothing), served on
-``/metrics`` and ``/v1/actions`` while open, and pushed to the webhook and callback only
-when its event was new to the store. A live run whose every rank goes silent past the
-adaptive timeout gets a ``failure_detected`` with cause ``hang``. The rules, and why each
-is so: docs/detectors.md ("Inside the collector").
+:class:`~goodlens.detectors.stragglers.StragglerDetector` per run and world (reset per
+attempt; a new one where ranks moved to other hosts, the old world's open findings resolved
+at its end, as ``goodlens detect`` does), and publishes each finding it emits: stored as
+a ``straggler_flagged`` event keyed by the finding's id and emission number (a restarted
+collector adds nothing), served on ``/metrics`` and ``/v1/actions`` while open, and pushed
+to the webhook and callback only when its event was new to the store. A live run whose
+every rank goes silent past the adaptive timeout gets a ``failure_detected`` with cause
+``hang``. The rules, and why each is so: docs/detectors.md ("Inside the collector").
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from goodlens.analysis.findings import end_world
+from goodlens.collector.restores import RestoreWatch
 from goodlens.detectors.hangs import HangConfig, HangDetector, HangFinding
+from goodlens.detectors.restore import RestoreConfig
 from goodlens.detectors.stragglers import (
     Finding,
     StragglerConfig,
@@ -34,6 +38,7 @@ from goodlens.detectors.stragglers import (
     Topology,
     ready_column,
 )
+from goodlens.detectors.topology import new_world
 from goodlens.model.batch import validate_batch
 from goodlens.model.schema import SCHEMA_VERSION, EventKind
 from goodlens.storage.queries import rank_id_limit
@@ -55,15 +60,6 @@ def _ft_width(tags: Any) -> int:
         return max(1, int(meta.get("group_world_size") or 1))
     except (TypeError, ValueError):
         return 1
-
-
-def _moved(old: Topology | None, new: Topology | None) -> bool:
-    """Whether a rank of ``new`` runs on another host than in ``old`` (by name)."""
-    if old is None or new is None:
-        return (old is None) != (new is None)
-    n = min(len(old.rank_host), len(new.rank_host))
-    return any(old.host_names[old.rank_host[r]] != new.host_names[new.rank_host[r]]
-               for r in range(n))
 
 
 def scored_through(summaries: Any, last: int, grace_s: float,
@@ -95,7 +91,8 @@ class DetectionService:
                  config: StragglerConfig | None = None, webhook: str | None = None,
                  callback: Callable[[str, Any], None] | None = None,
                  hang_config: HangConfig | None = None, live_window_s: float = 3600.0,
-                 late_grace_s: float = 30.0) -> None:
+                 late_grace_s: float = 30.0, restore_config: RestoreConfig | None = None
+                 ) -> None:
         self.store = store
         self.writer = writer
         self.interval_s = interval_s
@@ -121,6 +118,8 @@ class DetectionService:
         self._read: set[str] = set()  # runs a finished pass has read (their findings stored)
         self._lock = threading.Lock()
         self._pass = threading.Lock()   # one pass at a time: the thread's or run_pass's
+        self.restores = RestoreWatch(store, self.hang_config, restore_config, live_window_s)
+        """Each running run's latest restore: slow and stuck ranks, ranks still moving."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="goodlens-detection",
                                         daemon=True)
@@ -212,6 +211,8 @@ class DetectionService:
                 new += [(run_id, h) for h in self._check_hang(run_id, latest, now)]
         for run_id, f in new:
             self._publish(run_id, f)
+        self.restores.poll([r for r, _, state, _ in rows if state == "running"], now,
+                           self._hang_timeouts())
         self._refresh(visited)
         with self._lock:
             self._read.update(visited)
@@ -240,6 +241,15 @@ class DetectionService:
                     if old is not None and old.status != "resolved":
                         mine[f.id] = dataclasses.replace(f, action=old.action,
                                                          status=old.status)
+
+    def _hang_timeouts(self) -> dict[str, float]:
+        """Each run's hang timeout now: its latest attempt's watch (a restore at an
+        attempt's start, before any step, is judged by the previous attempt's rhythm)."""
+        out: dict[str, tuple[int, float]] = {}
+        for (run_id, attempt), hd in list(self._hangs.items()):
+            if run_id not in out or attempt > out[run_id][0]:
+                out[run_id] = (attempt, hd.timeout_s)
+        return {r: t for r, (_, t) in out.items()}
 
     def _check_hang(self, run_id: str, attempt: int, now: float) -> list[HangFinding]:
         hd = self._hangs.get((run_id, attempt))
@@ -298,16 +308,20 @@ class DetectionService:
         else:
             rows_t = rows
         topo = self._topology(rows_t, n_ranks, tags)
-        if det is None or n_ranks > det.n or _moved(det.topology, topo):
-            # a new world (an elastic resize put other hosts on these ranks): new subjects
-            det = self._detectors[run_id] = StragglerDetector(self.config, n_ranks, topo)
         found: list[Finding] = []
+        if det is None or new_world(det.topology, det.n, topo, n_ranks):
+            # a new world (an elastic restart put other hosts on these ranks): new
+            # subjects; the old world's open findings end with it (they name its hosts)
+            found += end_world(det.active()) if det is not None else []
+            det = self._detectors[run_id] = StragglerDetector(self.config, n_ranks, topo)
         dur = dict(zip(summaries.step, summaries.duration_median))
+        start = dict(zip(summaries.step, summaries.ref_start))   # (the step period)
         rows = rows.assign(ready_s=ready)
         for step, g in rows.groupby("step", sort=True):
             vec = np.full(det.n, np.nan)
             vec[g["rank"].to_numpy()] = g.ready_s.to_numpy(dtype=float)
-            found += det.update(int(step), vec, step_time_s=dur.get(step), attempt=attempt)
+            found += det.update(int(step), vec, step_time_s=dur.get(step), attempt=attempt,
+                                step_start_s=start.get(step))
         self._state[(run_id, attempt)] = done_through
         return found + (self._close(run_id, attempt) if final else [])
 
@@ -368,6 +382,8 @@ class DetectionService:
                  "detail": [json.dumps(body, default=float)]}
         if f.subject_kind == "rank":
             event["rank"] = [int(f.subject_id)]
+            if f.host is not None:   # where it ran in the finding's world
+                event["host"] = [str(f.host)]
         elif f.subject_kind == "host":
             event["host"] = [str(f.subject_id)]
         if self._store(run_id, event):

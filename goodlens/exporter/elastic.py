@@ -19,12 +19,13 @@ Why it exists: goodlens's planners say what to do when nodes are lost and its de
   in any hour (counted from a history file that outlives the processes, as evictions
   restart them), never below ``min_nodes``, only a node of the current world, one decision
   per finding (a refusal for confidence is recorded once and decided again as the
-  finding's confidence grows); ``dry_run`` records what it would have done and evicts
-  nothing. Every
-  decision is a ``rank_evicted`` event whose ``detail`` holds the finding that caused it and
-  whose ``cause`` says what happened: ``straggler`` (evicted), ``dry_run`` (would have) or
-  ``refused:<rail>``. :func:`agreed_eviction` makes every rank learn the decision at the same
-  step (one broadcast of one integer).
+  finding's confidence grows), never a node whose rank is in a checkpoint restore that
+  still moves (``refused:restoring``, decided again when it is over); ``dry_run``
+  records what it would have done and evicts nothing. Every decision is a ``rank_evicted``
+  event whose ``detail`` holds the finding that caused it and whose ``cause`` says what
+  happened: ``straggler`` (evicted), ``dry_run`` (would have) or ``refused:<rail>``.
+  :func:`agreed_eviction` makes every rank learn the decision at the same step (one
+  broadcast of one integer).
 
 Imports the model only (and torch lazily, in :func:`agreed_eviction`).
 """
@@ -157,8 +158,13 @@ def finding_host(f: dict[str, Any]) -> str | None:
     return host if isinstance(host, str) and host else None
 
 
-#: The one verdict that is not final (the finding's confidence may still grow).
+#: A verdict that is not final: the finding's confidence may still grow.
 REFUSED_CONFIDENCE = "refused:confidence"
+#: Nor this one: a rank of the finding (or its host) is in a checkpoint restore that still
+#: moves (the collector's ``restoring``); slow is not dead, and evicting it would restart
+#: every rank's restore. Decided again once the restore is over.
+REFUSED_RESTORING = "refused:restoring"
+AGAIN = frozenset({REFUSED_CONFIDENCE, REFUSED_RESTORING})
 
 
 class EvictionClient:
@@ -204,8 +210,9 @@ class EvictionClient:
     def decide(self, finding: dict[str, Any], now: float | None = None) -> Decision | None:
         """Apply the rails to one finding; None when it is not this job's to decide (no
         host, already decided). Records and remembers the decision. Every verdict is final
-        but ``refused:confidence``: a finding's confidence grows as its evidence does, so a
-        doubtful one is recorded once and decided again at later polls."""
+        but ``refused:confidence`` and ``refused:restoring``: a finding's confidence grows
+        as its evidence does, and a restore ends, so such a finding is recorded once and
+        decided again at later polls."""
         now = time.time() if now is None else now
         fid = str(finding.get("id") or "")
         host = finding_host(finding)
@@ -213,7 +220,7 @@ class EvictionClient:
             return None
         past = self.past()
         mine = {p.get("verdict") for p in past if p.get("finding_id") == fid}
-        if mine - {REFUSED_CONFIDENCE}:
+        if mine - AGAIN:
             return None
         p = self.policy
         try:
@@ -229,6 +236,8 @@ class EvictionClient:
             verdict = "refused:not_evict"
         elif host not in world:
             verdict = "refused:not_in_world"
+        elif finding.get("restoring"):
+            verdict = REFUSED_RESTORING
         elif not conf >= p.min_confidence:
             verdict = REFUSED_CONFIDENCE
         elif len(world) - 1 < p.min_nodes:
@@ -239,7 +248,7 @@ class EvictionClient:
             verdict = "dry_run"
         else:
             verdict = "evict"
-        if verdict in mine:  # still too doubtful: recorded once, asked again next poll
+        if verdict in mine:  # still doubtful or restoring: recorded once, asked again
             return None
         d = Decision(host, verdict, finding, now)
         self._remember(d, fid)

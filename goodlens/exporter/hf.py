@@ -40,6 +40,7 @@ from transformers import TrainerCallback
 
 from goodlens.exporter import torch as gl
 from goodlens.exporter.recorder import RankExporter
+from goodlens.exporter.restore import RestoreProgress
 from goodlens.model.schema import EventKind
 
 __all__ = ["GoodlensTrainerCallback", "instrument"]
@@ -289,9 +290,14 @@ class GoodlensTrainerCallback(TrainerCallback):
         if step is not None:
             fields["step"] = step
         self._event(EventKind.CKPT_RESTORE_START, **fields)
+        # live while the load runs (one call: phase read, no bytes until it ends)
+        progress = self._safe(lambda: RestoreProgress(self.exporter, live_bytes=False,
+                                                      **fields).start())
         try:
             return original(*a, **kw)
         finally:
+            if progress is not None:
+                self._safe(progress.stop)
             self._event(EventKind.CKPT_RESTORE_END, **fields)
 
 

@@ -18,7 +18,9 @@ validation runs happen inside ``Trainer.fit``. ``GoodlensCallback`` finds each o
   gathered, file written by rank 0, barrier passed), ``ckpt_save_durable_end`` then (rank 0
   with the file's bytes), or, with ``AsyncCheckpointIO``, when its background write returns;
 - **restores**: ``strategy.load_checkpoint`` (the read of ``fit(ckpt_path=...)``'s file,
-  before the DDP wrap) gives ``ckpt_restore_start``/``_end`` with the step restored;
+  before the DDP wrap) gives ``ckpt_restore_start``/``_end`` with the step restored, and
+  ``ckpt_restore_progress`` phase ``read`` while the file is read (one call: its bytes
+  appear at the end);
 - **validation** during fit: ``custom_begin``/``custom_end`` labelled ``eval``; the sanity
   check before the first step is not recorded (it is start-up, ``restart.init``);
 - the **attempt**: ``attempt_start`` at setup (``goodlens.exporter.torch.instrument``),
@@ -46,6 +48,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from goodlens.exporter import lifecycle
 from goodlens.exporter import torch as gl
 from goodlens.exporter.recorder import RankExporter
+from goodlens.exporter.restore import RestoreProgress
 from goodlens.model.schema import EventKind
 
 __all__ = ["GoodlensCallback"]
@@ -276,7 +279,13 @@ class GoodlensCallback(Callback):
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
                 t0 = time.time()
-                checkpoint = original(checkpoint_path, *args, **kwargs)
+                # live while the file is read (one call: phases, no bytes until it ends)
+                progress = _progress(exp, _file_bytes(checkpoint_path), tier=tier)
+                try:
+                    checkpoint = original(checkpoint_path, *args, **kwargs)
+                finally:
+                    if progress is not None:
+                        progress.stop()
                 fields = _save_fields(_restored_step(checkpoint), tier)
                 _event(exp, EventKind.CKPT_RESTORE_START, time_s=t0, **fields)
                 _event(exp, EventKind.CKPT_RESTORE_END, bytes=_file_bytes(checkpoint_path),
@@ -376,6 +385,16 @@ class GoodlensCallback(Callback):
 
 def _save_fields(step: int | None, tier: str) -> dict[str, Any]:
     return {"tier": tier} if step is None or step < 0 else {"step": step, "tier": tier}
+
+
+def _progress(exp: Any, total: int | None, **fields: Any) -> RestoreProgress | None:
+    """A started :class:`RestoreProgress` for a read in one call (None if it cannot be)."""
+    try:
+        return None if exp is None else RestoreProgress(
+            exp, bytes_total=total, live_bytes=False, **fields).start()
+    except Exception:
+        log.warning("goodlens: no restore progress", exc_info=True)
+        return None
 
 
 def _event(exp: Any, kind: str, **fields: Any) -> None:

@@ -96,6 +96,10 @@ class ExporterConfig:
     """After this long without a step, a heartbeat event proves the process alive (0: never)."""
     timeout_s: float = 5.0
     """HTTP timeout of one push."""
+    restore_progress_s: float = 1.0
+    """Shortest interval between two ``ckpt_restore_progress`` events of one restore (phase
+    changes aside; it grows to 10 s as a restore lasts, see
+    :mod:`goodlens.exporter.restore`); 0: no progress events."""
     wire: str = "arrow"
     """Wire format: ``arrow`` (Arrow IPC, cheapest for the collector) or ``json``."""
     run_meta: dict[str, Any] = field(default_factory=dict)
@@ -124,6 +128,8 @@ class ExporterConfig:
             raise ValueError("rank and attempt must not be negative")
         if self.flush_interval_s <= 0 or self.batch_rows <= 0 or self.max_buffer_rows <= 0:
             raise ValueError("flush_interval_s, batch_rows and max_buffer_rows must be positive")
+        if not self.restore_progress_s >= 0:
+            raise ValueError("restore_progress_s must be >= 0 (0: no progress events)")
         if self.wire not in ("arrow", "json"):
             raise ValueError(f"wire must be 'arrow' or 'json', not {self.wire!r}")
 

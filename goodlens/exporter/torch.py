@@ -16,7 +16,9 @@ sends them through a :class:`~goodlens.exporter.recorder.RankExporter`:
 - :func:`save_checkpoint` / :func:`load_checkpoint` wrap DCP ``save``, ``async_save`` and
   ``load`` and emit ``ckpt_save_start``, ``ckpt_save_blocking_end`` (training may go on),
   ``ckpt_save_durable_end`` (the files are written; with this rank's bytes) and
-  ``ckpt_restore_start`` / ``ckpt_restore_end`` (with the bytes this rank read).
+  ``ckpt_restore_start`` / ``ckpt_restore_end`` (with the bytes this rank read), and
+  between them ``ckpt_restore_progress`` (bytes read so far, the phase; sent from a
+  thread at most once a second, :mod:`goodlens.exporter.restore`).
   Asynchronous saves run their collectives on a dedicated gloo group (on the default group
   they would interleave with DDP's all-reduces from another thread, and the ranks hang),
   and a save first waits for the previous one, inside its recorded stall.
@@ -47,6 +49,7 @@ from typing import Any
 import torch.distributed as dist
 
 from goodlens.exporter import lifecycle
+from goodlens.exporter.restore import RestoreProgress
 from goodlens.exporter.torch_collectives import (  # noqa: F401 - re-exported for tests
     MODES,
     _CollectiveTimer,
@@ -339,18 +342,60 @@ def _tensor_bytes(state: Any) -> int:
     return 0
 
 
+def _watch_items(reader: Any, planner: Any, progress: RestoreProgress) -> None:
+    """Count each read item into ``progress`` as DCP commits it to the state (``commit_tensor``
+    and ``load_bytes`` on this planner instance): the length of its stored chunk (the
+    reader's ``storage_data``), else the committed tensor's bytes. When ``read_data`` is
+    called, the plan's total is known (``bytes_total``); when it returns, this rank has
+    read everything and waits for the others (phase ``barrier``)."""
+    def length(item: Any, value: Any = None) -> int:
+        try:
+            return int(reader.storage_data[item.storage_index].length)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return _tensor_bytes(value)
+
+    commit, load_bytes, read_data = planner.commit_tensor, planner.load_bytes, reader.read_data
+
+    def commit_tensor(item: Any, tensor: Any) -> Any:
+        out = commit(item, tensor)
+        progress.add(length(item, tensor))
+        return out
+
+    def load(item: Any, value: Any) -> Any:
+        out = load_bytes(item, value)
+        progress.add(length(item))
+        return out
+
+    def read(plan: Any, planner_: Any) -> Any:
+        try:
+            stored = reader.storage_data
+            progress.bytes_total = progress.bytes + sum(
+                int(stored[i.storage_index].length) for i in plan.items)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            pass
+        out = read_data(plan, planner_)
+        progress.phase("barrier")
+        return out
+
+    planner.commit_tensor, planner.load_bytes, reader.read_data = commit_tensor, load, read
+
+
 def load_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporter: Any,
                     step: int | None = None, tier: str = "durable",
                     process_group: Any = None, **dcp_options: Any) -> dict[str, Any]:
-    """Load ``state`` in place from a DCP checkpoint, recording ``ckpt_restore_start`` and
-    ``ckpt_restore_end`` with the bytes this rank read.
+    """Load ``state`` in place from a DCP checkpoint, recording ``ckpt_restore_start``,
+    ``ckpt_restore_progress`` (bytes read so far and the phase, :mod:`goodlens.exporter.
+    restore`) and ``ckpt_restore_end`` with the bytes this rank read.
 
     Bytes read: with DCP's file-system reader (the default; or a ``storage_reader`` with
     its ``storage_data``), the checkpoint's ``.metadata`` plus, over the load plan's read
     items, the stored chunks they were read from, so under DDP, where every rank loads the
     whole model, each rank reports the whole model (plus the checkpoint's non-tensor
     entries). With a reader that does not expose those lengths: the bytes of the tensors
-    in ``state`` after loading. Returns ``state``.
+    in ``state`` after loading. Progress moves as each read item is committed to ``state``
+    (a planner's ``commit_tensor``/``load_bytes``; ``planner`` may be given, it is wrapped
+    on the instance and given back as it was); phases ``read``, then ``barrier`` once this
+    rank's reads are done and DCP waits for the other ranks. Returns ``state``.
     """
     _ensure_attempt_start(exporter)
     path = os.fspath(path)
@@ -358,18 +403,27 @@ def load_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
     if step is not None:
         fields["step"] = step
     exporter.event(EventKind.CKPT_RESTORE_START, **fields)
+    progress = RestoreProgress(exporter, **fields).start()
     import torch.distributed.checkpoint as dcp  # the first import (~0.1 s) is restore time
     reader = dcp_options.pop("storage_reader", None)
-    own = reader is None
+    planner = dcp_options.pop("planner", None)
+    own, own_planner = reader is None, planner is None
     if own:
         reader = dcp.FileSystemReader(path)
+    if own_planner:
+        planner = dcp.DefaultLoadPlanner()
     counted = _count_reads(reader)
+    _watch_items(reader, planner, progress)
+    progress.add(_metadata_bytes(path))
     try:
-        dcp.load(state, checkpoint_id=path, storage_reader=reader,
+        dcp.load(state, checkpoint_id=path, storage_reader=reader, planner=planner,
                  process_group=process_group, **dcp_options)
     finally:
+        progress.stop()
         if not own:
             del reader.read_data  # the caller's reader as it was
+        if not own_planner:
+            del planner.commit_tensor, planner.load_bytes
     read = counted[0] + _metadata_bytes(path) if counted[1] else _tensor_bytes(state)
     exporter.event(EventKind.CKPT_RESTORE_END, bytes=read, **fields)
     return state

@@ -41,10 +41,12 @@ from goodlens.model.schema import (
     MAX_EPOCH_S,
     MAX_INT,
     MIN_EPOCH_S,
+    RESTORE_PHASES,
     RUN_COLUMNS,
     SCHEMA_VERSION,
     STEP_COLUMNS,
     Column,
+    EventKind,
 )
 from goodlens.model.wire import ARROW_TYPES
 
@@ -364,6 +366,15 @@ def _check_kinds(events: pa.Table) -> None:
     if bad:
         raise BatchError(f"unknown event kind(s) {sorted(bad)}; known: {sorted(EVENT_KINDS)}",
                          "events.kind")
+    if EventKind.CKPT_RESTORE_PROGRESS in kinds:
+        progress = pc.equal(events.column("kind"), EventKind.CKPT_RESTORE_PROGRESS.value)
+        labels = events.column("label") if "label" in events.column_names else None
+        phases = (set() if labels is None else
+                  set(labels.filter(progress).unique().to_pylist()))
+        if labels is None or phases - set(RESTORE_PHASES):
+            raise BatchError(f"ckpt_restore_progress needs label one of {list(RESTORE_PHASES)} "
+                             f"(the restore's phase; found {sorted(map(str, phases))})",
+                             "events.label")
 
 
 def unit_hint(col: Any) -> str:

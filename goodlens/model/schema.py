@@ -29,6 +29,7 @@ class EventKind(enum.StrEnum):
     CKPT_SAVE_DURABLE_END = "ckpt_save_durable_end"
     CKPT_RESTORE_START = "ckpt_restore_start"
     CKPT_RESTORE_END = "ckpt_restore_end"
+    CKPT_RESTORE_PROGRESS = "ckpt_restore_progress"
     FAILURE = "failure"
     FAILURE_DETECTED = "failure_detected"
     RANK_EVICTED = "rank_evicted"
@@ -48,6 +49,10 @@ class EventKind(enum.StrEnum):
 
 
 EVENT_KINDS: frozenset[str] = frozenset(k.value for k in EventKind)
+
+RESTORE_PHASES: tuple[str, ...] = ("read", "load", "barrier")
+"""The phases of a rank's restore (``label`` of ``ckpt_restore_progress``): reading the
+checkpoint, loading what was read into the model, waiting for the other ranks."""
 
 MAX_RANK = 2**24 - 1
 """Largest rank accepted (16.7M ranks; keeps the collector's per-rank state bounded)."""
@@ -190,6 +195,11 @@ KIND_DOCS: dict[EventKind, str] = {
     EventKind.CKPT_SAVE_DURABLE_END: "the checkpoint is safely stored (`bytes`, `tier`)",
     EventKind.CKPT_RESTORE_START: "loading a checkpoint began (`step` restored, `tier` read from)",
     EventKind.CKPT_RESTORE_END: "loading finished (`bytes` read)",
+    EventKind.CKPT_RESTORE_PROGRESS: (
+        "a rank's restore in progress (at most one a second, plus each phase change): "
+        "`bytes` read so far, `label` the phase (read, load, barrier), `detail` "
+        "`bytes_total` when known and `live_bytes` (true when `bytes` moves within a phase)"
+    ),
     EventKind.FAILURE: (
         "the instant a failure happened (`cause`, `rank`, `host`), recorded by whoever knew "
         "first (the dying process, a surviving rank, the launcher); `failure_detected` is "
@@ -207,7 +217,8 @@ KIND_DOCS: dict[EventKind, str] = {
     EventKind.HEARTBEAT: "the rank's process is alive; `step` is the last step it recorded",
     EventKind.STRAGGLER_FLAGGED: (
         "the collector's detector flagged a persistent straggler (`label` kind:subject, `rank` "
-        "or `host`, `step` its first step, `detail` the finding as JSON)"
+        "and the host it ran on, or `host`; `step` the step this state of the finding was "
+        "computed at, its `last_step`; `detail` the finding as JSON)"
     ),
     EventKind.GROUP_START: (
         "per-step fault tolerance (torchft): an incarnation of a replica group started "

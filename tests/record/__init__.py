@@ -119,7 +119,7 @@ def _cpu_model() -> str:
 
 
 def _load_recipes() -> None:
-    from tests.record import ddp, elastic, frameworks, ft  # noqa: F401 (they register)
+    from tests.record import ddp, elastic, frameworks, ft, jobcost, restore  # noqa: F401 (they register)
 
 
 def main(argv: list[str]) -> int:

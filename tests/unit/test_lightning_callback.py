@@ -8,6 +8,7 @@ job's clock; these check the hook-order logic those sums rest on, in millisecond
 
 from __future__ import annotations
 
+import json
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -144,13 +145,17 @@ def test_saves_and_restores_are_recorded_around_the_real_calls(tmp_path) -> None
         trainer.save_checkpoint(tmp_path / "a.ckpt")
         trainer.strategy.load_checkpoint(tmp_path / "a.ckpt")
         kinds = [k for k, _ in exp.events]
+        # the read's progress is sent live, before the step it restores is known
         assert kinds == ["ckpt_save_start", "ckpt_save_blocking_end", "ckpt_save_durable_end",
-                         "ckpt_restore_start", "ckpt_restore_end"]
+                         "ckpt_restore_progress", "ckpt_restore_start", "ckpt_restore_end"]
         assert all(f["tier"] == "local" for _, f in exp.events)
-        assert [f.get("step") for _, f in exp.events] == [19, 19, 19, 39, 39]
+        assert [f.get("step") for _, f in exp.events] == [19, 19, 19, None, 39, 39]
         # the writing rank reports the file's bytes; the others wrote nothing
         assert exp.events[2][1].get("bytes") == (123 if zero else None)
-        assert exp.events[4][1]["bytes"] == 123  # every rank reads the whole file
+        assert exp.events[3][1]["label"] == "read" and exp.events[3][1]["bytes"] == 0
+        assert json.loads(exp.events[3][1]["detail"]) == {"live_bytes": False,
+                                                          "bytes_total": 123}
+        assert exp.events[5][1]["bytes"] == 123  # every rank reads the whole file
         while cb._undo:
             cb._undo.pop()()
         assert trainer.save_checkpoint is own_save  # put back at teardown
