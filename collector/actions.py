@@ -15,17 +15,32 @@ finding lasts; see ``DetectionService._refresh``): what it costs the job with th
 it (``job_slowdown``), its part of what the open findings cost together
 (``job_slowdown_part``) and that whole (``joint_job_slowdown``, the same on each), so a job
 that evicts by cost sees two overlapping stragglers' cost, not two zeros.
+
+The run's restore in progress is served beside them (:mod:`goodlens.collector.restores`):
+``slow_restore`` (ranks reading far slower than the median rank: leave them be) and
+``stuck_restore`` (ranks whose read stopped for the hang timeout), and each evict finding
+says ``restoring`` when one of its ranks (or its host) is in a restore that still moves,
+which :class:`goodlens.exporter.elastic.EvictionClient` refuses to act on.
+
+So is a restart loop going on (``restart_loop``, :mod:`goodlens.analysis.loops`): the run's
+attempts fail without committing a step; its pattern (the same rank or host failing, the
+same checkpoint restored) and advice (drain the host, restore the previous durable
+checkpoint), for whatever restarts the job to act on.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from goodlens.analysis.loops import run_restart_loop
 from goodlens.collector.serving import json_response
+from goodlens.detectors.restore import SLOW, STUCK
+from goodlens.model.jsonable import plain
 
 __all__ = ["actions_route", "evictions"]
 
@@ -36,6 +51,8 @@ def evictions(detection: Any, run_id: str) -> list[dict[str, Any]]:
     if detection is None:
         return []
     out = []
+    watch = getattr(detection, "restores", None)
+    busy, busy_hosts = watch.restoring(run_id) if watch is not None else (set(), set())
     for f in detection.flagged().get(run_id, []):
         if f.action != "evict" or f.status == "resolved":
             continue
@@ -49,13 +66,27 @@ def evictions(detection: Any, run_id: str) -> list[dict[str, Any]]:
                     "host": host, "ranks": [int(r) for r in f.ranks], "action": f.action,
                     "confidence": float(f.confidence), "slowdown": float(f.slowdown),
                     "job_slowdown": _ratio(f.job_slowdown),
+                    "job_slowdown_ready": _ratio(f.job_slowdown_ready),
+                    "job_slowdown_seen": _ratio(f.job_slowdown_seen),
                     "job_slowdown_part": _ratio(f.job_slowdown_part),
                     "joint_job_slowdown": _ratio(f.joint_job_slowdown),
                     "straggler_wait_s": float(f.straggler_wait_s),
                     "first_step": int(f.first_step), "detected_step": int(f.detected_step),
                     "last_step": int(f.last_step), "attempt": f.attempt,
-                    "status": f.status})
+                    "status": f.status,
+                    "restoring": bool(busy & {int(r) for r in f.ranks}
+                                      or host in busy_hosts)})
     return sorted(out, key=lambda x: (x["detected_step"], x["id"]))
+
+
+def restart_loop(api: Any, run_id: str) -> dict[str, Any] | None:
+    """The run's restart loop while it goes on (:mod:`goodlens.analysis.loops`): its
+    attempts, pattern and advice; None when none goes on, or the run is unknown."""
+    store = getattr(api, "store", None)
+    if store is None:
+        return None
+    loop = run_restart_loop(store, run_id)
+    return plain(loop) if loop is not None and loop["ongoing"] else None
 
 
 def _ratio(v: float | None) -> float | None:
@@ -64,7 +95,8 @@ def _ratio(v: float | None) -> float | None:
 
 def actions_route(api: Any) -> Route:
     """``GET /v1/actions?run=ID`` over a :class:`~goodlens.collector.server.CollectorApi`
-    (its token check and its detection service): ``{"run", "detection", "evict": [...]}``."""
+    (its token check and its detection service): ``{"run", "detection", "evict": [...],
+    "slow_restore": [...], "stuck_restore": [...], "restart_loop": {...} or null}``."""
     async def actions(request: Request) -> Response:
         if (err := api.auth_error(request)) is not None:
             return err
@@ -72,7 +104,12 @@ def actions_route(api: Any) -> Route:
         if not run_id:
             return json_response({"error": "name the run: /v1/actions?run=ID", "field": "run"}, 422)
         detection = getattr(api, "detection", None)
+        watch = getattr(detection, "restores", None)
+        loop = await run_in_threadpool(restart_loop, api, run_id)
         return json_response({"run": run_id, "detection": detection is not None,
-                      "evict": evictions(detection, run_id)})
+                      "evict": evictions(detection, run_id),
+                      **{kind: watch.findings(run_id, kind) if watch is not None else []
+                         for kind in (SLOW, STUCK)},
+                      "restart_loop": loop})
 
     return Route("/v1/actions", actions, methods=["GET"])

@@ -54,11 +54,12 @@ class GoodlensCollector(Collector):
     health; read from the report keeper, the detection service and the writer's counters."""
 
     def __init__(self, keeper: ReportKeeper, writer: Writer | None = None,
-                 detection: Any = None, detached: bool = False) -> None:
+                 detection: Any = None, detached: bool = False, nodes: Any = None) -> None:
         self.keeper = keeper
         self.writer = writer
         self.detection = detection
         self.detached = detached
+        self.nodes = nodes  # a NodeCache (goodlens.collector.nodes): flagged hosts
 
     def collect(self) -> Iterator[Metric]:
         """Called by prometheus_client on every scrape."""
@@ -71,6 +72,10 @@ class GoodlensCollector(Collector):
         if self.detection is not None:
             exported = {st.row.run_id for st in runs}
             yield from _stragglers(self.detection, exported)
+            yield from _restores(self.detection, exported)
+        yield from _loops(runs)
+        if self.nodes is not None:
+            yield from _nodes(self.nodes)
         if self.writer is not None:
             yield from _self_metrics(self.writer)
 
@@ -262,6 +267,97 @@ def _stragglers(detection: Any, exported: set[str]) -> Iterator[Metric]:
     yield from (count, slow, job, part, joint, cost, waited, onset)
 
 
+#: Most per-rank restore series of one run (its flagged ranks first, then by rank).
+MAX_RESTORE_RANK_SERIES = 64
+
+
+def _restores(detection: Any, exported: set[str]) -> Iterator[Metric]:
+    """Each exported running run's latest restore (:mod:`goodlens.collector.restores`):
+    ranks by phase, bytes, slow and stuck ranks; per-rank bytes for at most
+    ``MAX_RESTORE_RANK_SERIES`` ranks still restoring, the flagged ones first."""
+    watch = getattr(detection, "restores", None)
+    phases = GaugeMetricFamily("goodlens_run_restore_ranks", "Ranks of the run's latest "
+                               "checkpoint restore by phase (read, load, barrier; done once "
+                               "ended)", labels=["run", "phase"])
+    read = GaugeMetricFamily("goodlens_run_restore_bytes_read", "Bytes its ranks have read "
+                             "in the run's latest restore", labels=["run"])
+    total = GaugeMetricFamily("goodlens_run_restore_bytes_total", "Bytes its ranks will "
+                              "read in it, where they said", labels=["run"])
+    slow = GaugeMetricFamily("goodlens_run_slow_restore_ranks", "Ranks whose restore has "
+                             "taken over 2x the median rank's and goes on (slow_restore)",
+                             labels=["run"])
+    stuck = GaugeMetricFamily("goodlens_run_stuck_restore_ranks", "Ranks whose restore has "
+                              "not moved for the hang timeout (stuck_restore)",
+                              labels=["run"])
+    rank_read = GaugeMetricFamily("goodlens_rank_restore_bytes_read", "Bytes a rank still "
+                                  "restoring has read", labels=["run", "rank"])
+    flagged = GaugeMetricFamily("goodlens_restore_flagged_seconds", "Own restore time so "
+                                "far of each slow or stuck rank", labels=["run", "rank", "kind"])
+    for run_id, st in sorted((watch.state() if watch is not None else {}).items()):
+        if run_id not in exported:
+            continue
+        counts: dict[str, int] = {}
+        for r in st.ranks:
+            counts[r.phase] = counts.get(r.phase, 0) + 1
+        for phase, n in sorted(counts.items()):
+            phases.add_metric([run_id, phase], float(n))
+        read.add_metric([run_id], float(sum(r.bytes_read for r in st.ranks)))
+        known = [r.bytes_total for r in st.ranks if r.bytes_total is not None]
+        if known:
+            total.add_metric([run_id], float(sum(known)))
+        kinds = [f.kind for f in st.findings]
+        slow.add_metric([run_id], float(kinds.count("slow_restore")))
+        stuck.add_metric([run_id], float(kinds.count("stuck_restore")))
+        for f in st.findings:
+            flagged.add_metric([run_id, str(f.rank), f.kind], f.restore_s)
+        first = {f.rank for f in st.findings}
+        shown = sorted((r for r in st.ranks if r.rank in st.open_ranks),
+                       key=lambda r: (r.rank not in first, r.rank))[:MAX_RESTORE_RANK_SERIES]
+        for r in shown:
+            rank_read.add_metric([run_id, str(r.rank)], float(r.bytes_read))
+    yield from (phases, read, total, slow, stuck, rank_read, flagged)
+
+
+def _loops(runs: list[RunStatus]) -> Iterator[Metric]:
+    """Each exported run's restart loop going on, from its kept report (0: none)."""
+    loop = GaugeMetricFamily("goodlens_run_restart_loop_attempts", "Attempts in a row that "
+                             "failed without committing a step (a restart loop from 2; 0: "
+                             "none going on)", labels=["run"])
+    for st in runs:
+        rep = st.row.report
+        if not rep or "restart_loop" not in rep:
+            continue
+        lp = rep.get("restart_loop") or {}
+        loop.add_metric([st.row.run_id], float(lp["count"]) if lp.get("ongoing") else 0.0)
+    yield loop
+
+
+def _nodes(cache: Any) -> Iterator[Metric]:
+    """The hosts the node table says to drain (at most ``MAX_NODE_SERIES``), and how many
+    there are; nothing per healthy host."""
+    from goodlens.collector.nodes import drain_rows
+    t = cache.current()
+    count = GaugeMetricFamily("goodlens_nodes_drain_hosts", "Hosts whose incident rate "
+                              "stands out from the fleet's (verdict drain), over the node "
+                              "table's window")
+    drain = GaugeMetricFamily("goodlens_node_drain", "1 for a host to drain (only hosts "
+                              "with that verdict, at most 50)", labels=["host"])
+    ratio = GaugeMetricFamily("goodlens_node_incident_rate_ratio", "A flagged host's "
+                              "incidents per hour over the fleet's", labels=["host"])
+    incidents = GaugeMetricFamily("goodlens_node_incidents", "A flagged host's incidents in "
+                                  "the window", labels=["host"])
+    qv = GaugeMetricFamily("goodlens_node_q_value", "A flagged host's Benjamini-Hochberg "
+                           "adjusted p-value", labels=["host"])
+    if t is not None:
+        count.add_metric([], float(len(t.drain())))
+        for r in drain_rows(t):
+            drain.add_metric([r["host"]], 1.0)
+            ratio.add_metric([r["host"]], _f(r["rate_ratio"]))
+            incidents.add_metric([r["host"]], float(r["incidents"]))
+            qv.add_metric([r["host"]], _f(r["q_value"]))
+    yield from (count, drain, ratio, incidents, qv)
+
+
 def _self_metrics(writer: Writer) -> Iterator[Metric]:
     st = writer.stats
     with st.lock:
@@ -311,7 +407,7 @@ def _f(v: Any) -> float:
 
 
 def make_registry(store: RunReader, writer: Writer | None = None, detection: Any = None,
-                  keeper: ReportKeeper | None = None) -> CollectorRegistry:
+                  keeper: ReportKeeper | None = None, nodes: Any = None) -> CollectorRegistry:
     """A fresh registry holding the goodlens collector (and nothing process-global).
 
     ``keeper``: the collector's report keeper (fed by its summariser). Without one (a test,
@@ -321,5 +417,6 @@ def make_registry(store: RunReader, writer: Writer | None = None, detection: Any
     detached = keeper is None
     if keeper is None:
         keeper = ReportKeeper(store, KeeperConfig(retention_s=math.inf), persist=False)
-    registry.register(GoodlensCollector(keeper, writer, detection, detached=detached))
+    registry.register(GoodlensCollector(keeper, writer, detection, detached=detached,
+                                        nodes=nodes))
     return registry

@@ -208,6 +208,7 @@ def openapi_document(version: str) -> dict[str, Any]:
               "properties": {"status": {"type": "string"}, "version": {"type": "string"},
                              "schema_version": {"type": "integer"},
                              "queue_rows": {"type": "integer"},
+                             "store_warnings": {"type": "integer"},
                              "uptime_s": {"type": "number"}}}
     return {
         "openapi": "3.0.3",
@@ -233,10 +234,14 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/tables/{name}": _tables(),
             "/v1/actions": _get(
                 "A run's open evict findings, one node each (what a job's eviction client "
-                "polls; it decides with its own guard rails)",
+                "polls; it decides with its own guard rails), the slow and stuck ranks "
+                "of its restore in progress, and its restart loop going on (null: none)",
                 {"type": "object", "required": ["run", "detection", "evict"],
                  "properties": {"run": {"type": "string"}, "detection": {"type": "boolean"},
-                                "evict": {"type": "array", "items": obj}}},
+                                "evict": {"type": "array", "items": obj},
+                                "slow_restore": {"type": "array", "items": obj},
+                                "stuck_restore": {"type": "array", "items": obj},
+                                "restart_loop": {"type": "object", "nullable": True}}},
                 [{**_query("run", "run id"), "required": True}],
                 {"422": _answer("no run given")}),
             "/v1/sync": _sync(),

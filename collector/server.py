@@ -13,7 +13,8 @@ Endpoints:
   inserted and recognised as duplicates; 400/413/415/422 naming what is wrong; 401/403 for
   a missing or wrong token; 503 with ``Retry-After`` when the write queue is full.
 - ``GET /metrics``: Prometheus text format.
-- ``GET /healthz``: liveness, version and queue depth (nothing about where the store is).
+- ``GET /healthz``: liveness, version, queue depth and how many runs keep earlier step
+  figures because rows they counted are gone (nothing about where the store is).
 - ``GET /openapi.json``: this API as an OpenAPI document (:mod:`goodlens.collector.openapi`).
 - ``GET /v1/runs``, ``GET /v1/runs/{run_id}``: the runs overview as JSON.
 - ``GET /v1/report?run=ID&since=T&until=T``: the time accounting (as ``goodlens report``).
@@ -46,6 +47,7 @@ from goodlens import __version__
 from goodlens.analysis.report import report_dict
 from goodlens.collector.actions import actions_route
 from goodlens.collector.metrics import make_registry
+from goodlens.collector.nodes import NodeCache
 from goodlens.collector.openapi import openapi_document
 from goodlens.collector.reports import KeeperConfig, ReportKeeper
 from goodlens.collector.serving import (
@@ -160,7 +162,8 @@ class CollectorApi:
         self.writer = writer
         self.config = config
         self.keeper = keeper
-        self.registry = make_registry(store, writer, detection, keeper)
+        self.nodes = NodeCache(store)  # hosts to drain, computed beside the requests
+        self.registry = make_registry(store, writer, detection, keeper, nodes=self.nodes)
         self.detection = detection  # GET /v1/actions reads its findings
         self.token = config.token.encode() if config.token else None
         self.started = time.time()
@@ -237,6 +240,8 @@ class CollectorApi:
             return body
         try:
             batch = await run_in_threadpool(decode, body, _limits(self.config))
+            if (refused := self.store.run_id_refused(batch.run_id)) is not None:
+                raise BatchError(refused, "run_id")  # this store's limit, not the API's
         except BatchError as exc:
             writer.stats.reject(exc.reason, src)
             return json_response(exc.as_dict(), exc.status)
@@ -269,6 +274,7 @@ class CollectorApi:
         return json_response({"status": "ok", "version": __version__,
                               "schema_version": SCHEMA_VERSION,
                               "queue_rows": self.writer.queue_rows,
+                              "store_warnings": len(self.store.warnings),
                               "uptime_s": time.time() - self.started})
 
     async def openapi(self, request: Request) -> Response:
@@ -364,12 +370,13 @@ def create_app(store: Store, writer: Writer, config: ServerConfig,
     """The collector's ASGI app over an open store and a started writer; ``root``, an ASGI
     app, is mounted at ``/`` after the collector's own routes. Behind the Host allow-list
     (token-less) and the body deadline of :class:`~goodlens.collector.serving.RequestGuard`."""
-    routes: list[Any] = CollectorApi(store, writer, config, detection, keeper).routes()
+    api = CollectorApi(store, writer, config, detection, keeper)
+    routes: list[Any] = api.routes()
     if root is not None:
         routes.append(Mount("/", app=root))
     app = Starlette(routes=routes, exception_handlers={404: _http_error, 405: _http_error})
     return RequestGuard(app, allowed=config.allowed_hosts(),
-                        body_timeout_s=config.limits.body_timeout_s)
+                        body_timeout_s=config.limits.body_timeout_s, on_close=api.nodes.close)
 
 
 async def _http_error(request: Request, exc: Any) -> Response:
@@ -481,6 +488,7 @@ def serve(config: ServerConfig, *, ready: Any = None, log_level: str = "info",
         else:
             asyncio.run(serve_until_exit(server, ready))
     finally:
+        app.close()  # the node table's scan, if one is running, ends before the store closes
         if detection is not None:
             detection.stop()
         writer.stop()

@@ -202,10 +202,16 @@ class RequestGuard:
     loopback name always passes) and the body deadline (408 after ``body_timeout_s``)."""
 
     def __init__(self, app: Any, *, allowed: frozenset[str] | None,
-                 body_timeout_s: float) -> None:
+                 body_timeout_s: float, on_close: Any = None) -> None:
         self.app = app
         self.allowed = allowed
         self.body_timeout_s = body_timeout_s
+        self._on_close = on_close
+
+    def close(self) -> None:
+        """Stop what the app runs beside requests (before its store is closed)."""
+        if self._on_close is not None:
+            self._on_close()
 
     def host_error(self, scope: dict) -> tuple[int, dict] | None:
         """The 400/421 answer for a request whose Host is missing or not allowed."""

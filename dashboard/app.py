@@ -75,6 +75,9 @@ def _register_routing(app: dash.Dash, data: RunData) -> None:
         if page == "cluster":
             from goodlens.dashboard.cluster import cluster_layout
             return cluster_layout(query)
+        if page == "nodes":
+            from goodlens.dashboard.nodes import nodes_layout
+            return nodes_layout(data.store, query)
         if page == "compare":
             picked = [x for x in query.get("runs", "").split(",") if x]
             return views.compare_layout(data.compare_choices(), picked)

@@ -66,6 +66,8 @@ def nav(run_id: str | None, page: str, query: dict[str, str] | None = None) -> h
                   for key, name in PAGES]
     links.append(dcc.Link("Compare runs", href="/compare", id="nav-compare",
                           className="gl-nav-link" + (" active" if page == "compare" else "")))
+    links.append(dcc.Link("Nodes", href="/nodes", id="nav-nodes", className="gl-nav-link"
+                          + (" active" if page == "nodes" else "")))
     links.append(dcc.Link("Cluster what-if", href="/cluster", className="gl-nav-link"
                           + (" active" if page == "cluster" else "")))
     return html.Div(links, className="gl-nav")

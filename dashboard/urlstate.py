@@ -89,11 +89,12 @@ def href(path: str, query: dict[str, Any]) -> str:
 
 def parse_path(pathname: str | None) -> tuple[str, str | None]:
     """``/runs/a%2Fb/ranks`` -> ``("ranks", "a/b")``; ``/`` -> ``("runs", None)``;
-    ``/cluster`` and ``/compare`` -> their page; anything else ``("unknown", None)``."""
+    ``/cluster``, ``/compare`` and ``/nodes`` -> their page; anything else
+    ``("unknown", None)``."""
     parts = [p for p in (pathname or "/").split("/") if p]
     if not parts:
         return "runs", None
-    if parts[0] in ("cluster", "compare") and len(parts) == 1:
+    if parts[0] in ("cluster", "compare", "nodes") and len(parts) == 1:
         return parts[0], None
     if parts[0] != "runs" or len(parts) > 3:
         return "unknown", None

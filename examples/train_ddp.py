@@ -11,7 +11,9 @@ Faults (each on the first attempt only where a restart would otherwise repeat it
 ``--slow-rank R --slow-pct X --slow-from S`` sleeps X% of the simulated compute more on
 rank R from step S; ``--kill-rank R --kill-at S`` exits rank R abruptly (``os._exit``);
 ``--hang-rank R --hang-at S`` sleeps forever in rank R (the others block in all-reduce);
-``--kill-how raise`` makes the crash an unhandled exception instead, ``kill`` a SIGKILL.
+``--kill-how raise`` makes the crash an unhandled exception instead, ``kill`` a SIGKILL;
+``--kill-after-restore`` crashes rank R also at the first step after every restore (a
+restart loop).
 ``--truth-dir D``: every rank appends its own clock readings (process start as the script
 saw it, each step's start and end, the instant it is about to enter the step's
 collective, the restore, the crash instant, the instant a rank's own code saw an exception
@@ -77,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-from", type=int, default=0)
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-at", type=int, default=-1)
+    p.add_argument("--kill-after-restore", action="store_true",
+                   help="--kill-rank also crashes at the first step after every restore")
     p.add_argument("--kill-how", choices=("exit", "raise", "kill"), default="exit",
                    help="the crash: os._exit(1), an unhandled exception, or SIGKILL")
     p.add_argument("--hang-rank", type=int, default=-1)
@@ -181,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra = compute_s * args.slow_pct / 100.0
                 if compute_s + extra > 0:
                     time.sleep(compute_s + extra)
-                if attempt == 0 and rank == args.kill_rank and step == args.kill_at:
+                if rank == args.kill_rank and ((attempt == 0 and step == args.kill_at) or (
+                        args.kill_after_restore and start > 0 and step == start)):
                     truth.write("crash", t=time.time(), step=step)
                     crash(args.kill_how)
                 if attempt == 0 and rank == args.hang_rank and step == args.hang_at:

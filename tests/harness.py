@@ -193,7 +193,7 @@ class AppCollector:
                 hang_config=HangConfig(min_timeout_s=cfg.hang_floor_s))
             if detection_thread:
                 self.detection.start()
-        app = create_app(self.store, self.writer, cfg, self.detection, None, keeper)
+        self.app = app = create_app(self.store, self.writer, cfg, self.detection, None, keeper)
         self.client = TestClient(app, base_url=self.url)
         self.client.__enter__()  # one event loop for every request, as a server has
 
@@ -222,6 +222,7 @@ class AppCollector:
         """What ``serve`` does on SIGTERM once the server stopped: the detection service
         stops, the writer drains its queue and summarises, the store is closed."""
         self.client.__exit__(None, None, None)
+        self.app.close()
         try:
             if self.detection is not None:
                 self.detection.stop()

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from goodlens.analysis.accounting import account_run
+from goodlens.analysis.loops import run_restart_loop
 from goodlens.analysis.window import as_known_at
 from goodlens.analysis.worlds import attempt_worlds
 from goodlens.model.jsonable import is_missing
@@ -72,6 +73,9 @@ def report_dict(source: RunReader, run_id: str | None = None, since: str | float
         ft["quorum_s"] = (rep.get("other_parts") or {}).get("quorum", 0.0)  # the job's wait
         rep["fault_tolerance"] = ft
         rep["gpu_time_goodput"] = ft["gpu_time_goodput"]  # the groups' view: see ft.py
+    # a loop of restarts that commit nothing (goodlens.analysis.loops); not for a past instant
+    rep["restart_loop"] = None if t is not None else run_restart_loop(
+        source, run_id, attempts, steps)
     if rep["in_progress"]:
         if t is not None:
             attempts, steps, _ = as_known_at(attempts, steps, pd.DataFrame(), t)

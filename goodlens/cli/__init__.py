@@ -3,8 +3,8 @@
 Every command that reports numbers takes ``--json`` (seconds for every duration); durations
 on the command line accept ``90s``, ``5m``, ``24h``. Commands live one concern per module
 (``serve``, ``reports``, ``data``, ``sim``, ``cluster``, ``plan``, ``runs``, ``relay``,
-``batch``) and share ``common``; this module only assembles them, importing a command's
-module when that command runs (``goodlens detect`` loads neither the server's nor the
+``batch``, ``nodes``) and share ``common``; this module only assembles them, importing a
+command's module when that command runs (``goodlens detect`` loads neither the server's nor the
 simulators' modules). Nothing in goodlens imports the CLI.
 """
 
@@ -24,7 +24,7 @@ _COMMANDS = {
     "replay": ("data", "replay"), "export": ("data", "export"), "plan": ("plan", "plan"),
     "relay": ("relay", "relay"), "end-run": ("runs", "end_run"),
     "deadletter": ("deadletter", "deadletter"), "summarize": ("batch", "summarize"),
-    "fleet": ("batch", "fleet"),
+    "fleet": ("batch", "fleet"), "nodes": ("nodes", "nodes"),
 }
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from goodlens.collector.detection import DetectionService
 from goodlens.collector.metrics import make_registry
+from goodlens.collector.nodes import NodeCache
 from goodlens.collector.replay import import_trace
 from goodlens.storage.store import Store
 from goodlens.storage.writer import Writer
@@ -35,7 +36,9 @@ def test_the_metrics_page_lists_every_exported_series(tmp_path: Path) -> None:
         svc.poll_once()  # rank 5's finding: the straggler series exist
         assert svc.flagged()["demo-8x"]
         exported = {}
-        for family in make_registry(store, writer, svc).collect():
+        nodes = NodeCache(store)
+        nodes.refresh()  # the node series (none flagged in the demo: the count only)
+        for family in make_registry(store, writer, svc, nodes=nodes).collect():
             name = family.name + ("_total" if family.type == "counter" else "")
             labels = {k for s in family.samples for k in s.labels}
             exported[name] = (family.type, labels)

@@ -32,12 +32,16 @@ EXPORTED_METRICS = frozenset({
     "goodlens_straggler_onset_timestamp_seconds",
     "goodlens_exporter_dropped_rows_total",
     "goodlens_ingest_rejected_batches_total",
+    "goodlens_run_restart_loop_attempts",
+    "goodlens_node_incident_rate_ratio",
 })
 
 ALERTS = {
     "GoodlensRunHung",
     "GoodlensRunHangDetected",
     "GoodlensRunFailing",
+    "GoodlensRestartLoop",
+    "GoodlensNodeDrain",
     "GoodlensLowGoodput",
     "GoodlensStragglerFlagged",
     "GoodlensExporterDropping",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -19,6 +20,10 @@ CRASH = {"steps": 170, "ckpt_every": 20, "compute_ms": 20.0, "slow_rank": 2, "sl
 LAUNCHED = {"steps": 60, "ckpt_every": 20, "compute_ms": 20.0, "kill_rank": 1, "kill_at": 30}
 #: ddp-hang: rank 3 stops at step 60; the collector's hang floor 3 s
 HANG = {"steps": 500, "compute_ms": 10.0, "hang_rank": 3, "hang_at": 60, "hang_floor_s": 3.0}
+#: ddp-loop: saves every 5 steps; rank 1 raises at step 11 in attempt 0 and again at the
+#: first step after every restore (``--kill-after-restore``); torchrun restarts twice
+LOOP = {"steps": 14, "ckpt_every": 5, "compute_ms": 10.0, "kill_rank": 1, "kill_at": 11,
+        "restarts": 2}
 
 
 @recipe("ddp-slow")
@@ -89,3 +94,25 @@ def hang(tmp: Path) -> Capture:
         kill_tree(run)
         c.stop()
     return Capture(Path(c.db), "hang", tmp / "truth", {"settings": HANG, "ranks": 4})
+
+
+@recipe("ddp-loop")
+def loop(tmp: Path) -> Capture:
+    """A restart loop: every attempt after the first fails right after its restore, so
+    torchrun gives up after its restarts (the job fails)."""
+    s = LOOP
+    c = Collector(tmp / "l.duckdb").start()
+    run = torchrun_ddp(tmp, c.url, "loop", "--steps", str(s["steps"]),
+                       "--ckpt-every", str(s["ckpt_every"]), "--compute-ms", str(s["compute_ms"]),
+                       "--kill-rank", str(s["kill_rank"]), "--kill-at", str(s["kill_at"]),
+                       "--kill-how", "raise", "--kill-after-restore",
+                       "--truth-dir", str(tmp / "truth"), restarts=s["restarts"], wait=False)
+    try:
+        if run.wait(180) == 0:
+            raise RuntimeError("torchrun ended cleanly: " + (tmp / "loop.log").read_text()[-3000:])
+        c.sync()
+    finally:
+        kill_tree(run)
+        c.stop()
+    return Capture(Path(c.db), "loop", tmp / "truth",
+                   {"settings": s, "ranks": 4, "host": socket.gethostname()})
