@@ -402,7 +402,7 @@ class Relay:
                          for run in {p.batch.run_id for p in pushes}}
             try:
                 answers = await loop.run_in_executor(self._pool, self._forward, pushes,
-                                                     exporters)
+                                                     exporters, self._deadline(pushes))
             except Exception as exc:  # never leave a push without an answer
                 log.exception("relay: forwarding failed")
                 answers = [answer(500, {"error": f"relay error: {exc}", "field": None})
@@ -432,28 +432,37 @@ class Relay:
         return out
 
     # -- forwarding (upstream thread) -------------------------------------------
-    def _forward(self, pushes: list[_Push], exporters: dict[str, dict]) -> list[Answer]:
+    def _deadline(self, pushes: list[_Push]) -> float:
+        """When the first of ``pushes`` must be answered: their answers go out together, once
+        the last upstream request for them has ended."""
+        return min(p.arrived for p in pushes) + self.config.answer_within_s
+
+    def _forward(self, pushes: list[_Push], exporters: dict[str, dict],
+                 deadline: float) -> list[Answer]:
         groups: dict[tuple[str | None, str], list[int]] = {}
         for i, p in enumerate(pushes):
             groups.setdefault((p.auth, p.batch.run_id), []).append(i)
         answers: list[Answer | None] = [None] * len(pushes)
         for (auth, run_id), idx in groups.items():
             group = [pushes[i] for i in idx]
-            for i, ans in zip(idx, self._forward_group(group, auth, run_id, exporters[run_id])):
+            for i, ans in zip(idx, self._forward_group(group, auth, run_id, exporters[run_id],
+                                                       deadline)):
                 answers[i] = ans
         return answers  # type: ignore[return-value]
 
     def _forward_group(self, group: list[_Push], auth: str | None, run_id: str,
-                       exporter: dict) -> list[Answer]:
+                       exporter: dict, deadline: float) -> list[Answer]:
         if time.monotonic() < self._down_until:
             return [_unavailable(f"the collector is unreachable "
                                  f"({self.stats.last_upstream_error})")] * len(group)
+        if time.monotonic() + self.config.timeout_s > deadline:  # an earlier group took it
+            return [_unavailable("the collector is slow; retry")] * len(group)
         try:
             body = merge_batches(run_id, [p.batch for p in group], exporter)
         except Exception:  # a push that does not merge (odd types): each goes alone
             log.exception("relay: could not merge %d pushes; forwarding them one by one",
                           len(group))
-            return self._singles(group, auth)
+            return self._singles(group, auth, deadline)
         rows = sum(p.batch.rows for p in group)
         result = self._send(body, ARROW_STREAM, auth)
         if isinstance(result, tuple) and result[0] == 200:
@@ -473,15 +482,36 @@ class Relay:
                 log.warning("relay: the collector answered %s to a merged batch (%.200s); "
                             "forwarding its %d pushes one by one", result[0], result[1],
                             len(group))
-                return self._singles(group, auth)
+                return self._singles(group, auth, deadline)
             self._count_refusal(result[0])
         return [_relay_answer(result)] * len(group)
 
-    def _singles(self, group: list[_Push], auth: str | None) -> list[Answer]:
+    def _singles(self, group: list[_Push], auth: str | None,
+                 deadline: float) -> list[Answer]:
+        """Each push of a refused merged batch alone, all at once (each on a connection of
+        its own: one after another, slow answers add up past the exporters' timeout), with
+        a timeout that ends by the deadline; under half a second left, 503 (they retry)."""
+        left = deadline - time.monotonic() - 0.1  # the answer's own way back
+        if left < 0.5:
+            return [_unavailable("the collector is slow; retry")] * len(group)
+        timeout = min(self.config.timeout_s, left)
+
+        def one(p: _Push) -> tuple[int, bytes, str | None] | Exception:
+            upstream = _Upstream(self.config.upstream, timeout)
+            try:
+                return upstream.post(p.body, p.content_type, auth)
+            except OSError as exc:
+                return exc
+            finally:
+                upstream.close()
+
+        with ThreadPoolExecutor(min(len(group), 16),
+                                thread_name_prefix="goodlens-relay-single") as pool:
+            results = list(pool.map(one, group))
         out = []
-        for p in group:
+        for p, result in zip(group, results):
             self.stats.singles += 1
-            single = self._send(p.body, p.content_type, auth)
+            single = self._account(result)
             if isinstance(single, tuple) and single[0] == 200:
                 self.stats.forwarded_rows += p.batch.rows
             elif isinstance(single, tuple) and _verdict(single[0]):
@@ -496,19 +526,29 @@ class Relay:
     def _send(self, body: bytes, content_type: str,
               auth: str | None) -> tuple[int, bytes, str | None] | Exception:
         """One upstream request: its answer, or the exception when nothing answered."""
-        self.stats.forwarded += 1
         try:
-            status, payload, retry = self._upstream.post(body, content_type, auth)
+            result: tuple[int, bytes, str | None] | Exception = self._upstream.post(
+                body, content_type, auth)
         except OSError as exc:
+            result = exc
+        return self._account(result)
+
+    def _account(self, result: tuple[int, bytes, str | None] | Exception
+                 ) -> tuple[int, bytes, str | None] | Exception:
+        """Count one upstream request's outcome (in the upstream thread); ``result``."""
+        self.stats.forwarded += 1
+        if isinstance(result, Exception):
+            exc = result
             self.stats.upstream_errors += 1
             self.stats.last_upstream_error = f"{type(exc).__name__}: {exc}"
             if not isinstance(exc.__cause__, TimeoutError):
                 self._down_until = time.monotonic() + 1.0  # answer 503 at once for a second
             return exc
+        status, payload, _ = result
         if status >= 500 or status in (408, 429):
             self.stats.upstream_errors += 1
             self.stats.last_upstream_error = f"collector answered {status}: {payload[:200]!r}"
-        return status, payload, retry
+        return result
 
 
 def _verdict(status: int) -> bool:
