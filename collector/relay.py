@@ -433,8 +433,7 @@ class Relay:
 
     # -- forwarding (upstream thread) -------------------------------------------
     def _deadline(self, pushes: list[_Push]) -> float:
-        """When the first of ``pushes`` must be answered: their answers go out together, once
-        the last upstream request for them has ended."""
+        """When the first of ``pushes`` (answered together, after the last forward) is due."""
         return min(p.arrived for p in pushes) + self.config.answer_within_s
 
     def _forward(self, pushes: list[_Push], exporters: dict[str, dict],
@@ -505,8 +504,7 @@ class Relay:
             finally:
                 upstream.close()
 
-        with ThreadPoolExecutor(min(len(group), 16),
-                                thread_name_prefix="goodlens-relay-single") as pool:
+        with ThreadPoolExecutor(min(len(group), 16), "goodlens-relay-single") as pool:
             results = list(pool.map(one, group))
         out = []
         for p, result in zip(group, results):
@@ -538,12 +536,11 @@ class Relay:
         """Count one upstream request's outcome (in the upstream thread); ``result``."""
         self.stats.forwarded += 1
         if isinstance(result, Exception):
-            exc = result
             self.stats.upstream_errors += 1
-            self.stats.last_upstream_error = f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc.__cause__, TimeoutError):
+            self.stats.last_upstream_error = f"{type(result).__name__}: {result}"
+            if not isinstance(result.__cause__, TimeoutError):
                 self._down_until = time.monotonic() + 1.0  # answer 503 at once for a second
-            return exc
+            return result
         status, payload, _ = result
         if status >= 500 or status in (408, 429):
             self.stats.upstream_errors += 1
