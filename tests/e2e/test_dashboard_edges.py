@@ -170,7 +170,7 @@ def test_completed_attempt_is_not_drawn_as_a_failure(samples: Store) -> None:
 # regression (found in review): heatmap_figure puts the pooled value (the mean in 'the mean' mode)
 # in customdata[1], which hover labels 'slowest rank N: X s'
 def test_heatmap_hover_in_mean_mode_shows_the_slowest_ranks_time(samples: Store) -> None:
-    grid = samples.heatmap("sim-64", 2, 300, 2699, 16, 30)
+    grid = samples.heatmap("sim-64", 2, 300, 2627, 16, 30)
     f = fig.heatmap_figure(grid, "mean")
     shown = np.asarray(f.data[0].customdata, float)[..., 1]
     truth = grid.pivot(index="rbin", columns="sbin", values="max").to_numpy(float)

@@ -409,13 +409,14 @@ def test_overview_reads_as_drawn(loaded: Collector, dash_br) -> None:
 
 
 def test_checkpoint_page_reads_right(loaded: Collector, dash_br) -> None:
-    """sim-64: the save still being written says so; the size axis has round ticks.
+    """sim-64: the newest save (step 2400, every 300 steps, durable ``write_s`` = 30 s later
+    by its ground truth's config) shows its write; the size axis has round ticks.
     demo-8x: the expected-goodput curve fits its plot (not clipped, not a sliver)."""
     dash_br.server_url = loaded.url + "/runs/sim-64/checkpoints"
     dash_br.wait_for_element("#ckpt-graph .main-svg", timeout=60)
     newest = [td.text for td in dash_br.driver.find_elements(
         By.CSS_SELECTOR, "#ckpt-table tbody tr:first-child td")]
-    assert newest[1] == "2700" and newest[5] == "not durable yet"
+    assert newest[1] == "2400" and newest[5] == "30.0s"
     assert wait_until(lambda: dash_br.driver.find_elements(
         By.CSS_SELECTOR, "#ckpt-graph .y2tick text"), timeout=30)
     ticks = [e.text for e in dash_br.driver.find_elements(By.CSS_SELECTOR,
@@ -443,8 +444,9 @@ def test_whatif_and_ranks_words(loaded: Collector, dash_br) -> None:
     value = {tr.find_elements(By.TAG_NAME, "td")[0].text: tr.find_elements(By.TAG_NAME, "td")[1]
              .text for tr in dash_br.driver.find_elements(By.CSS_SELECTOR,
                                                           "#whatif-calibration tbody tr")}
-    assert value["duration_s"] == "2h 00m" and value["interval_s"] == "11m 04s"
-    assert dash_br.find_element("#whatif-interval").get_attribute("value") == "11m 04s"
+    # the median gap between the sample's 8 save starts (its events.parquet): 691.97 s
+    assert value["duration_s"] == "2h 00m" and value["interval_s"] == "11m 31s"
+    assert dash_br.find_element("#whatif-interval").get_attribute("value") == "11m 31s"
     dash_br.server_url = loaded.url + "/runs/sim-64/ranks"
     dash_br.wait_for_element("#findings-table", timeout=120)
     head = [th.text for th in dash_br.driver.find_elements(By.CSS_SELECTOR,

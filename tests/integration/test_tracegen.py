@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -239,3 +240,26 @@ def test_diurnal_drift_moves_every_rank_together_and_keeps_the_truth(tmp_path):
         s.close()
     for k, v in r.truth["buckets"].items():
         assert (got.buckets[k] or 0.0) == pytest.approx(v, abs=1e-6 * r.truth["wall_clock_s"])
+
+
+def test_a_step_lasts_as_long_as_its_latest_rank_with_nested_stragglers_compounded():
+    """Without compute noise the step's straggler wait is exact: each step lasts the healthy
+    step plus its latest rank's compute beyond the median's, c0 (1 + s_1)...(1 + s_j) - c0,
+    whatever episodes nest on that rank (a rank fault in a slow node behind a slow switch).
+    Some steps carry two or more nested episodes (the latest rank slower than any one
+    factor alone would make it), and the breakdown is the seed's ``simulate``'s."""
+    c = SimConfig(**dict(WIDE, node_mtbf_s=1e9, planned_per_day=0, compute_noise_sigma=0.0,
+                         straggler_per_node_day=8, straggler_duration_median_s=2 * H,
+                         evict_stragglers=False))
+    res = generate_trace(c, 2, None)
+    s = res.tables["steps"].to_pandas()
+    s = s[s.step > s.step.min()]  # the first step carries the warm-up
+    c0 = c.compute_fraction * c.step_s
+    per_step = s.groupby("step").agg(dur=("duration_s", "first"), top=("compute_s", "max"))
+    assert np.allclose(per_step.dur, c.step_s + (per_step.top - c0).clip(lower=0), atol=1e-9)
+    single = pd.Series(1.0, per_step.index)  # the largest one factor on any rank, per step
+    for f in res.findings:
+        on = single.index.to_series().between(f["first_step"], f["last_step"])
+        single[on] = np.maximum(single[on], 1 + f["slowdown"])
+    assert (per_step.top > c0 * single * 1.0001).sum() > 100  # nested episodes compounded
+    assert res.sim.as_dict() == simulate(c, 2).as_dict()

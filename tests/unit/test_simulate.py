@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS, account
+from goodlens.analysis.runsim.episodes import Episodes, draw_episodes
 from goodlens.analysis.runsim.montecarlo import (
     SimConfig,
     SimResult,
@@ -320,3 +321,77 @@ def test_shrink_needs_room_and_sweep_needs_a_field():
         SimConfig(nodes=2, elastic="shrink", shrink_max_nodes=2)
     with pytest.raises(ValueError, match="no field 'intervals'"):
         sweep(get_preset("test-16"), "intervals", [1], trials=1)
+
+
+# ---------------------------------------------------------------------- nested stragglers
+def _episodes(shape: tuple[int, int, int], where: list[tuple[int, int, int]],
+              factor: list[float], top: list[float]) -> Episodes:
+    """Episodes placed by hand (subject id, ranks r0..r1), c0 = 1.4 s, E[median] = 1."""
+    n = len(where)
+    wait = [max(0.0, 1.4 * (f * m - 1.0)) for f, m in zip(factor, top, strict=True)]
+    return Episodes(n, wait, [1] * n, [False] * n, factor, top, ["?"] * n, shape, 1.4, 1.0,
+                    [math.inf], [], [], np.random.default_rng(0), False, where=where)
+
+
+def test_nested_stragglers_compound_in_the_step_and_disjoint_ones_do_not():
+    """8 nodes of 8 ranks, 4 nodes a switch. The step waits for the worst set of ranks, each
+    slowed by the product of the factors on it and around it: c0 (F x E[max] - E[median]),
+    with E[max] 1.04 for a switch, 1.03 for a node, 1.0 for one rank, noise's wait 0.05."""
+    sw0, r21, node0, r20, sw0b, node5 = range(6)
+    shape = (8, 8, 4)
+    where = [(0, 0, 32), (21, 21, 22), (0, 0, 8), (20, 20, 21), (0, 0, 32), (5, 40, 48)]
+    factor = [1.10, 1.10, 1.088, 1.20, 1.05, 1.30]
+    top = [1.04, 1.0, 1.03, 1.0, 1.04, 1.03]
+
+    def wait(*ids: int) -> float:
+        ep = _episodes(shape, where, factor, top)
+        for i in ids:
+            ep.begin(i)
+        return ep.wait(0.05)
+    assert wait() == 0.05
+    assert wait(sw0) == pytest.approx(1.4 * (1.10 * 1.04 - 1))            # 0.2016
+    # rank 21 behind the slow switch: 1.1 x 1.1 = 1.21, worse than the switch's 1.144
+    assert wait(sw0, r21) == pytest.approx(1.4 * (1.21 - 1))              # 0.294
+    # two ranks of one node: neither is inside the other (1.2 alone, not 1.1 x 1.2)
+    assert wait(r21, r20) == pytest.approx(1.4 * 0.20)                     # 0.28
+    # two faults on one switch: its ranks carry both
+    assert wait(sw0, sw0b) == pytest.approx(1.4 * (1.10 * 1.05 * 1.04 - 1))  # 0.28168
+    # node 0 and rank 21 behind switch 0: node 0's 1.1 x 1.088 x 1.03 beats rank 21's 1.21
+    assert wait(sw0, node0, r21) == pytest.approx(1.4 * (1.10 * 1.088 * 1.03 - 1))
+    # node 5 is behind switch 1: nothing of switch 0 compounds with it
+    assert wait(sw0, node5) == pytest.approx(1.4 * (1.30 * 1.03 - 1))     # 0.4746
+    assert wait(r21, node0, sw0) == wait(sw0, node0, r21)
+    # episodes that end leave the others as if they had never been there
+    ep = _episodes(shape, where, factor, top)
+    for i in range(6):
+        ep.begin(i)
+    for i in (node5, sw0b, node0):
+        ep.end(i)
+    ep.end(node5)  # not active: nothing
+    assert ep.wait(0.05) == pytest.approx(wait(sw0, r21, r20))             # 1.1 x 1.2
+    assert ep.wait(0.05) == pytest.approx(1.4 * (1.10 * 1.20 - 1))
+
+
+def test_a_node_that_is_a_whole_switch_compounds_once():
+    """nodes_per_switch 1: a node's set and its switch's are the same ranks; a rank inside
+    carries a node fault (1.1) and a link fault (1.2) once each: 1.5 x 1.1 x 1.2 = 1.98."""
+    ep = _episodes((2, 4, 1), [(1, 4, 8), (1, 4, 8), (5, 5, 6)], [1.1, 1.2, 1.5],
+                   [1.0, 1.0, 1.0])
+    for i in range(3):
+        ep.begin(i)
+    assert ep.wait(0.0) == pytest.approx(1.4 * 0.98)
+    ep.end(2)
+    assert ep.wait(0.0) == pytest.approx(1.4 * 0.32)
+
+
+def test_placing_the_episodes_draws_nothing_from_the_trials_stream():
+    """Where the episodes strike comes from a second stream (spawned off the trial's, or
+    given), so the trial's failures and queues are drawn as before; same seed, same places."""
+    c = replace(POLICY, straggler_per_node_day=4.0)
+    p = _prepare(c)
+    r1, r2 = np.random.default_rng(9), np.random.default_rng(9)
+    e1 = draw_episodes(c, p, r1, True)
+    draw_episodes(c, p, r2, True, place=np.random.default_rng(1))
+    assert e1.count > 2 and r1.random() == r2.random()
+    assert e1.record["r0"] == draw_episodes(c, p, np.random.default_rng(9), True).record["r0"]
+    assert simulate(c, 3).as_dict() == simulate(c, 3).as_dict()

@@ -35,10 +35,15 @@ FAILURE_CAUSES: tuple[tuple[str, int, float, bool], ...] = (
     ("CPU", 2, 0.2, False), ("system memory", 2, 0.1, False),
 )
 CAUSE_NAMES = tuple(c[0] for c in FAILURE_CAUSES)
-#: Straggler root causes: "link" (a degraded link) slows every node behind one switch; the
-#: others one node. FALCON (2024): communication fail-slows are the most frequent.
+#: Straggler root causes: "link" (a degraded link) slows every node behind one switch, a noisy
+#: neighbour one node, thermal and ECC faults one GPU (an eviction takes its node). FALCON
+#: (2024): communication fail-slows are the most frequent.
 STRAGGLER_CAUSES: dict[str, float] = {"thermal": 0.25, "link": 0.4, "ecc": 0.1,
                                       "noisy_neighbour": 0.25}
+#: The subject each straggler cause slows: one GPU's rank, one node's ranks or every rank
+#: behind one switch (nested: rank inside node inside switch).
+STRAGGLER_LEVELS: dict[str, str] = {"thermal": "rank", "link": "switch", "ecc": "rank",
+                                    "noisy_neighbour": "node"}
 _ENUMS = {"failure_dist": ("exponential", "weibull"), "ckpt_mode": ("sync", "async", "tiered"),
           "queue_dist": ("exponential", "lognormal"),
           "elastic": ("restart", "shrink", "spares", "per_step")}

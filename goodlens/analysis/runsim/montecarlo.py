@@ -23,6 +23,7 @@ import pandas as pd
 from goodlens.analysis.accounting import BUCKETS, RESTART_PARTS, STARTUP_PARTS
 from goodlens.analysis.perstep_model import per_step_goodput
 from goodlens.analysis.runsim.config import DAY, FAILURE_CAUSES, SimConfig, SimResult
+from goodlens.analysis.runsim.episodes import place_stream
 from goodlens.analysis.runsim.trial import prepare, run_trial
 
 __all__ = ["DAY", "SimConfig", "SimResult", "daly_interval_s", "first_order_goodput",
@@ -30,8 +31,10 @@ __all__ = ["DAY", "SimConfig", "SimResult", "daly_interval_s", "first_order_good
 
 
 def simulate(config: SimConfig, seed: int = 0) -> SimResult:
-    """One trial of ``config``: the run's ground-truth breakdown (same seed, same result)."""
-    return run_trial(config, prepare(config), np.random.default_rng(seed))
+    """One trial of ``config``: the run's ground-truth breakdown (same seed, same result; the
+    episodes placed as the seed's trace places them)."""
+    return run_trial(config, prepare(config), np.random.default_rng(seed),
+                     place=place_stream(seed, config.nodes)[0])
 
 
 def trial_rng(seed: int, index: int) -> np.random.Generator:

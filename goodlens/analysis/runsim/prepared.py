@@ -16,7 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goodlens.analysis.runsim.config import FAILURE_CAUSES, STRAGGLER_CAUSES, SimConfig
+from goodlens.analysis.runsim.config import (
+    FAILURE_CAUSES,
+    STRAGGLER_CAUSES,
+    STRAGGLER_LEVELS,
+    SimConfig,
+)
 
 __all__ = ["Draws", "Prepared", "prepare", "straggler_noise"]
 
@@ -48,18 +53,20 @@ class Prepared:
     sc_cdf: np.ndarray
     """Cumulative weights of the straggler causes, the last left out."""
     sc_m: np.ndarray
-    """Per straggler cause: E[max] of the compute factors of the ranks it slows."""
+    """Per straggler cause: E[max] of the compute factors of the ranks it slows (one rank's,
+    one node's or one switch's)."""
     sc_nodes: np.ndarray
-    """Per straggler cause: the nodes it slows."""
+    """Per straggler cause: the nodes it slows (and an eviction takes)."""
 
 
 @functools.lru_cache(maxsize=32)
 def straggler_noise(ranks: int, sigma: float, node: int,
-                    switch: int) -> tuple[float, float, float, float]:
-    """E[max - median], E[median], E[max of a node's ranks], E[max of a switch's ranks] of
-    per-rank lognormal(0, sigma) compute factors: a seeded Monte Carlo over >= 16 steps."""
+                    switch: int) -> tuple[float, float, float, float, float]:
+    """E[max - median], E[median], E[one rank's], E[max of a node's ranks], E[max of a
+    switch's ranks] of per-rank lognormal(0, sigma) compute factors: a seeded Monte Carlo
+    over >= 16 steps."""
     if sigma == 0:
-        return 0.0, 1.0, 1.0, 1.0
+        return 0.0, 1.0, 1.0, 1.0, 1.0
     rng = np.random.default_rng(0x5EED)
     steps = max(16, min(1024, (1 << 20) // ranks))
     x = np.exp(sigma * rng.standard_normal((steps, ranks)))
@@ -69,8 +76,8 @@ def straggler_noise(ranks: int, sigma: float, node: int,
         k = max(g, ranks // g * g)
         xs = x if k <= ranks else np.exp(sigma * rng.standard_normal((steps, k)))
         return float(xs[:, :k].reshape(steps, -1, g).max(axis=2).mean())
-    return float(np.mean(x.max(axis=1) - med)), float(med.mean()), group_max(node), \
-        group_max(switch)
+    return float(np.mean(x.max(axis=1) - med)), float(med.mean()), float(x.mean()), \
+        group_max(node), group_max(switch)
 
 
 def prepare(c: SimConfig) -> Prepared:
@@ -85,20 +92,21 @@ def prepare(c: SimConfig) -> Prepared:
         cm, cdd = 0.0, (c.write_s if c.ckpt_mode == "sync" else c.snapshot_s)
     c0 = c.compute_fraction * c.step_s
     sw_nodes = min(c.nodes_per_switch, c.nodes)
-    wait, med, m_node, m_sw = straggler_noise(c.nodes * c.gpus_per_node,
-                                              float(c.compute_noise_sigma), c.gpus_per_node,
-                                              sw_nodes * c.gpus_per_node)
+    wait, med, m_rank, m_node, m_sw = straggler_noise(c.nodes * c.gpus_per_node,
+                                                      float(c.compute_noise_sigma),
+                                                      c.gpus_per_node, sw_nodes * c.gpus_per_node)
     counts = np.array([n for _, n, _, _ in FAILURE_CAUSES], dtype=float)
     hang = [(c.hang_prob or {}).get(name, h) for name, _, h, _ in FAILURE_CAUSES]
     wf = c.wide_failure_fraction
     wide = [float(w) if wf is None else float(wf) for _, _, _, w in FAILURE_CAUSES]
     names = list(STRAGGLER_CAUSES)
     sw = np.array([float(c.straggler_causes.get(s, 0.0)) for s in names])
-    is_link = np.array([s == "link" for s in names])
+    level = [STRAGGLER_LEVELS[s] for s in names]
+    m_level = {"rank": m_rank, "node": m_node, "switch": m_sw}
     return Prepared(km, kd, cm, cdd, c0, c0 * wait, med,
                     (np.cumsum(counts) / counts.sum()).tolist()[:-1], hang, wide,
-                    np.cumsum(sw / sw.sum())[:-1], np.where(is_link, m_sw, m_node),
-                    np.where(is_link, sw_nodes, 1))
+                    np.cumsum(sw / sw.sum())[:-1], np.array([m_level[v] for v in level]),
+                    np.array([sw_nodes if v == "switch" else 1 for v in level]))
 
 
 class Draws:

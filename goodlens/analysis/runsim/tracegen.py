@@ -16,13 +16,15 @@ Model (on top of the simulator's, which fixes every step's start and duration):
 - all ranks of a step report the step's duration (synchronous training); rank compute is the
   median compute (``compute_fraction`` of the healthy step, times N/n when shrunk) times
   per-rank lognormal noise (``compute_noise_sigma``), a slow diurnal drift of every rank
-  (``diurnal_amplitude``), times (1 + slowdown) while a straggler
-  episode covers the rank (the step starts in [onset, end)); the first step of an attempt
+  (``diurnal_amplitude``), times (1 + slowdown) of every straggler episode that covers the
+  rank (the step starts in [onset, end)): nested episodes compound, as the simulator
+  compounds them in the step's duration; the first step of an attempt
   adds the warm-up to every rank; data wait is about 0.5% of the step; compute is capped so
   that collective wait (duration - compute - data wait) is never negative;
 - a straggler episode slows one GPU (thermal, ECC: subject ``rank``), one node (noisy
   neighbour: ``node``) or every node behind one switch (degraded link: ``switch``), drawn
-  uniformly; an evicted episode ends at its eviction;
+  uniformly by the simulator (:mod:`goodlens.analysis.runsim.episodes`; its placement stream
+  then draws the noise here); an evicted episode ends at its eviction;
 - events come from a ``launcher`` source (attempts, failures, preemptions, resizes,
   evictions), rank 0's exporter (init, checkpoints, restores) and a background checkpoint
   writer (durable ends of asynchronous saves); node 0 is the reference clock, other hosts'
@@ -33,11 +35,12 @@ Ground truth: the simulator's breakdown, with three corrections that make it exa
 trace says. (1) Straggler wait is realised: per kept step, the latest rank's time to reach the
 collective (compute + data wait) minus the median rank's (numpy's median, which is DuckDB's),
 clipped to the step as accounting clips it; the difference from the simulator's expected wait
-moves to or from productive. (2) Input stall: every rank's data wait has a floor (half the
-mean), so per kept step the smallest rank's data wait, clipped to what is left of the step,
-moves from productive to ``other.input_stall``. (3) A run that ends while waiting to restart
-ends, in the trace, at its last attempt's end: that downtime leaves the wall-clock (and
-restart.queue, or restart.init after a grow).
+(its worst subject's, nested episodes compounded) moves to or from productive. (2) Input
+stall: every rank's data wait has a floor (half the mean), so per kept step the smallest
+rank's data wait, clipped to what is left of the step, moves from productive to
+``other.input_stall``. (3) A run that ends while waiting to restart ends, in the trace, at its
+last attempt's end: that downtime leaves the wall-clock (and restart.queue, or restart.init
+after a grow).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import numpy as np
 import pyarrow as pa
 
 from goodlens.analysis.runsim.config import SimConfig, SimResult
+from goodlens.analysis.runsim.episodes import place_stream
 from goodlens.analysis.runsim.trial import prepare, run_trial
 from goodlens.model.jsonable import dumps
 from goodlens.model.schema import EVENT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, EventKind
@@ -66,7 +70,6 @@ CKPT_BYTES_PER_GPU = 1_000_000_000
 """Checkpoint size per GPU of the full world (assumed: ~1 GB of training state per GPU)."""
 LAUNCHER = "launcher"
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
-_RANK_CAUSES = ("thermal", "ecc")
 _INTS = ("attempt", "rank", "step")
 
 
@@ -122,8 +125,9 @@ def generate_trace(config: SimConfig, seed: int, out: str | Path | None, run_id:
     t_start = time.perf_counter()
     c, tl = config, []
     p = prepare(c)
-    res = run_trial(c, p, np.random.default_rng(seed) if rng is None else rng, tl)
-    g = _Gen(c, p, tl, np.random.default_rng([seed, 0x7ACE]), clock_skew_s, epoch)
+    stream, clocks = place_stream(seed, c.nodes)  # places the episodes, then draws the noise
+    res = run_trial(c, p, np.random.default_rng(seed) if rng is None else rng, tl, stream)
+    g = _Gen(c, p, tl, stream, clock_skew_s * clocks, epoch)
     for a, r in enumerate(tl):
         g.attempt(a, r)
     truth = g.truth(res)
@@ -146,10 +150,10 @@ class _Gen:
     """Builds rows, events and the truth corrections attempt by attempt."""
 
     def __init__(self, c: SimConfig, p: Any, tl: list[dict], rng: np.random.Generator,
-                 skew: float, epoch: float) -> None:
+                 offset: np.ndarray, epoch: float) -> None:
         self.c, self.p, self.tl, self.rng, self.epoch = c, p, tl, rng, epoch
         self.gpn, self.T = c.gpus_per_node, c.duration_s
-        self.offset = skew * rng.uniform(-1.0, 1.0, c.nodes)  # drawn always: same noise
+        self.offset = offset  # each host's clock against the trace's
         self.offset[0] = 0.0  # node 0 (rank 0, the launcher) is the reference clock
         self.bytes = CKPT_BYTES_PER_GPU * c.nodes * c.gpus_per_node
         self.cols: dict[str, list[np.ndarray]] = {k: [] for k in (
@@ -165,29 +169,15 @@ class _Gen:
 
     # ---------------------------------------------------------------- stragglers
     def _episodes(self, ep: dict | None) -> None:
-        """Give every episode its subject (a rank, a node or a switch) and its rank range."""
-        c, gpn = self.c, self.gpn
+        """Every episode with the subject (a rank, a node or a switch) and the rank range
+        the simulator placed it on, so that the ranks compounded here are the ones the
+        simulator compounded."""
         n = len(ep["onset"]) if ep else 0
-        u1, u2 = self.rng.random(n), self.rng.random(n)
-        k = min(c.nodes_per_switch, c.nodes)
-        self.ep: list[dict[str, Any]] = []
-        for i in range(n):
-            cause = ep["cause"][i]
-            if cause == "link":
-                sw = int(u1[i] * max(1, c.nodes // k))
-                kind, sid, r0 = "switch", sw, sw * k * gpn
-                r1 = min(sw * k + k, c.nodes) * gpn
-            else:
-                node = int(u1[i] * c.nodes)
-                r0, r1 = node * gpn, (node + 1) * gpn
-                kind, sid = "node", node
-                if cause in _RANK_CAUSES:
-                    kind = "rank"
-                    sid = r0 = r0 + int(u2[i] * gpn)
-                    r1 = r0 + 1
-            self.ep.append(dict(subject=kind, id=sid, cause=cause, slowdown=ep["slowdown"][i],
-                                onset=ep["onset"][i], end=ep["end"][i], r0=r0, r1=r1,
-                                evicted=False, first=None, last=None, steps=0))
+        self.ep: list[dict[str, Any]] = [
+            dict(subject=ep["subject"][i], id=ep["id"][i], cause=ep["cause"][i],
+                 slowdown=ep["slowdown"][i], onset=ep["onset"][i], end=ep["end"][i],
+                 r0=ep["r0"][i], r1=ep["r1"][i], evicted=False, first=None, last=None, steps=0)
+            for i in range(n)]
         for r in self.tl:  # an evicted episode ends at the eviction
             for i in r.get("evicted", ()):
                 self.ep[i]["end"] = min(self.ep[i]["end"], r["t_end"])

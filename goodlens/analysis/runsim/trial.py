@@ -40,10 +40,14 @@ x N/n (same global batch), and grows back at a step end when the node returns af
 becoming a spare again after ``repair_s``; a wide failure counts as one node for both.
 Elastic ``per_step`` (a failed replica group drops out and rejoins while the job goes on) has
 its rules in :mod:`goodlens.analysis.runsim.perstep`, whose methods :class:`Trial` inherits.
-Straggler wait per step is max(noise, worst episode): noise is E[max - median] of the per-rank
-lognormal compute over all ranks (a seeded Monte Carlo of >= 16 steps, cached per config), and
-an episode slowing k ranks by s costs c0 ((1+s) E[max of k] - E[median]), c0 the median
-compute; a degraded link slows every node behind its switch.
+Straggler wait per step is max(noise, worst slowed subject): noise is E[max - median] of the
+per-rank lognormal compute over all ranks (a seeded Monte Carlo of >= 16 steps, cached per
+config); a subject of k ranks (a GPU's rank, a node, or every node behind a switch for a
+degraded link) slowed by the active episodes on it and around it, s_1..s_j, costs
+c0 ((1+s_1)...(1+s_j) E[max of k] - E[median]), c0 the median compute. Nested episodes
+compound (a slow rank in a slow node behind a slow switch runs at the product of the three
+factors, as its trace does); two episodes on the same subject compound too; disjoint ones do
+not (:mod:`goodlens.analysis.runsim.episodes`).
 """
 
 from __future__ import annotations
@@ -95,13 +99,16 @@ SHRINK, SPARES, PER_STEP = Elastic.SHRINK, Elastic.SPARES, Elastic.PER_STEP
 
 
 def run_trial(c: SimConfig, p: Prepared, rng: np.random.Generator,
-              timeline: list | None = None) -> SimResult:
+              timeline: list | None = None,
+              place: np.random.Generator | None = None) -> SimResult:
     """One run, attempt by attempt (rules in the module docstring). ``timeline`` (tests,
     :mod:`goodlens.analysis.runsim.tracegen`) receives each attempt's start-up, pieces and end,
     enough to rebuild its trace: also the failure (``fail``: cause, hang, wide), whether the
     restore read a memory copy (``from_mem``), the evicted episodes (``evicted``) and every
-    straggler episode (``episodes``: onset, end, slowdown, cause, nodes)."""
-    return Trial(c, p, rng, timeline).run()
+    straggler episode (``episodes``: onset, end, slowdown, cause, nodes, subject, ranks).
+    ``place`` places the episodes (:func:`~goodlens.analysis.runsim.episodes.draw_episodes`;
+    by default a stream spawned from ``rng``)."""
+    return Trial(c, p, rng, timeline, place).run()
 
 
 class Trial(PerStepPolicy):
@@ -128,7 +135,8 @@ class Trial(PerStepPolicy):
         "tiered", "timeline", "wait_s", "weibull_scale", "world")
 
     def __init__(self, c: SimConfig, p: Prepared, rng: np.random.Generator,
-                 timeline: list | None = None) -> None:
+                 timeline: list | None = None,
+                 place: np.random.Generator | None = None) -> None:
         self.config, self.prep, self.rng, self.timeline = c, p, rng, timeline
         self.draws = Draws(rng)
         self.schedule = CheckpointSchedule(p.km, p.kd, p.cm, p.cdd)
@@ -141,7 +149,7 @@ class Trial(PerStepPolicy):
         self.last_failure: tuple[str | None, bool, bool] = (None, False, False)
         """The last failure's cause, whether it hung, whether it was wide."""
         # drawn up front, in this order: straggler episodes, planned interruptions, failures
-        self.episodes = draw_episodes(c, p, rng, timeline is not None)
+        self.episodes = draw_episodes(c, p, rng, timeline is not None, place)
         self.counts["straggler_episodes"] = self.episodes.count
         T = c.duration_s
         self.planned: list[float] = [*np.sort(
@@ -166,9 +174,10 @@ class Trial(PerStepPolicy):
         # the next episode boundary and planned interruption (indices); the failing node slot
         self.next_boundary = self.next_planned = self.failing_slot = 0
         self.wait_s = p.w0
-        """Straggler wait per step now: the worst active episode's, or noise's."""
-        self.active: dict[int, float] = {}
-        """Active episodes: their wait per step."""
+        """Straggler wait per step now: the worst subject's with the active episodes
+        compounded where they nest (:meth:`Episodes.wait`), or noise's."""
+        self.active: dict[int, float] = self.episodes.active
+        """Active episodes: their factors (1 + slowdown); kept by :attr:`episodes`."""
         self.dues: dict[int, float] = {}
         """Evictable episodes of this attempt: when the detector flags them."""
         self.grow_at: list[float] = []
@@ -288,14 +297,12 @@ class Trial(PerStepPolicy):
         ep, bi = self.episodes, self.next_boundary
         self.next_boundary = bi + 1
         i = ep.boundary_episode[bi]
-        active = self.active
         if ep.boundary_onset[bi]:
-            active[i] = ep.wait_s[i]
+            ep.begin(i)
         else:
-            active.pop(i, None)
+            ep.end(i)
             self.dues.pop(i, None)
-        w0 = self.prep.w0
-        self.wait_s = max(w0, max(active.values())) if active else w0
+        self.wait_s = ep.wait(self.prep.w0)
         return i
 
     def change_wait(self, tb: float, base: float) -> None:
@@ -579,10 +586,9 @@ class Trial(PerStepPolicy):
         ids = [i for i, x in self.dues.items() if x <= t_end]
         k = sum(ep.nodes[i] for i in ids)
         for i in ids:
-            self.active.pop(i, None)
+            ep.end(i)
             self.dues.pop(i, None)
-        w0 = self.prep.w0
-        self.wait_s = max(w0, max(self.active.values())) if self.active else w0
+        self.wait_s = ep.wait(self.prep.w0)
         cnt["evictions"] += 1
         cnt["evicted_nodes"] += k
         if self.timeline is not None:
