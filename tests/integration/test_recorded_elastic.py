@@ -384,3 +384,10 @@ def test_every_surface_names_the_evicted_straggler_never_a_spare(elastic):
     offered = [d.host for job in (elastic.on, elastic.dry) for _, _, d in job.decisions]
     assert offered and set(offered) == {SLOW_NODE}, offered
     assert res.actions["evict"] == []
+    # the fleet's per-node view puts the straggler finding and the eviction on node-b too
+    nodes = cli.invoke(main, ["nodes", "--db", str(res.db), "--all", "--json"])
+    assert nodes.exit_code == 0, nodes.output
+    rows = {r["host"]: r for r in _json.loads(nodes.output)["hosts"]}
+    assert rows[SLOW_NODE]["stragglers"] >= 1 and rows[SLOW_NODE]["evictions"] >= 1
+    assert set(rows) >= SPARES and all(rows[h]["stragglers"] == rows[h]["evictions"] == 0
+                                       for h in SPARES), {h: rows[h] for h in SPARES}
