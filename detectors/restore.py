@@ -130,7 +130,8 @@ def _detail(text: Any) -> dict[str, Any]:
 def rank_restores(events: pd.DataFrame) -> list[RankRestore]:
     """Each rank's latest restore from one attempt's restore events (``kind``, ``time``,
     ``rank``, ``host``, ``bytes``, ``label``, ``detail``; any order). A restore opens at its
-    start or at a progress event outside one, and closes at its end."""
+    start or at a progress event outside one, and closes at its end or at a progress event
+    whose ``detail`` says ``ended`` (a torchft heal)."""
     if not len(events):
         return []
     ev = events[events["rank"].notna()].sort_values(["time", "seq"] if "seq" in events
@@ -157,6 +158,11 @@ def rank_restores(events: pd.DataFrame) -> list[RankRestore]:
                 cur["last_move"] = t
             elif kind == _PROGRESS:
                 d = _detail(detail)
+                if d.get("ended"):   # a restore without an end event of its own: a heal
+                    cur["end"] = t
+                    cur["read_done"] = cur["read_done"] or t
+                    cur["phase"], cur["last_move"] = "done", t
+                    continue
                 n = 0 if pd.isna(b) else int(b)
                 if n != cur["bytes"] or label != cur["phase"]:
                     cur["last_move"] = t

@@ -15,7 +15,8 @@ default, growing to 10 s as a restore lasts: a 4-hour restore sends about 1,500 
 rank, not 15,000). Nothing is sent while the bytes stand still: the collector reads the
 last move from the last event. Phases (:data:`~goodlens.model.schema.RESTORE_PHASES`):
 ``read`` the checkpoint, ``load`` what was read into the model, ``barrier`` waiting for the
-other ranks.
+other ranks. A restore with no ``ckpt_restore_end`` of its own (a torchft heal) ends with a
+progress event whose ``detail`` says ``ended``.
 """
 
 from __future__ import annotations
@@ -96,9 +97,11 @@ class RestoreProgress:
         self._changes.append((name, time.time(), self.bytes, bytes_total))
         self._wake.set()
 
-    def stop(self) -> None:
+    def stop(self, ended: bool = False) -> None:
         """The restore ended: send what is pending and stop the sampler (call before
-        ``ckpt_restore_end``, so every progress event comes before it)."""
+        ``ckpt_restore_end``, so every progress event comes before it). ``ended``: no
+        ``ckpt_restore_end`` follows (a torchft heal has ``heal_start``/``_end`` instead):
+        a last event, in the last phase, says the restore is over (``detail.ended``)."""
         if self._thread is None:
             return
         self._stop = True
@@ -106,6 +109,8 @@ class RestoreProgress:
         self._thread.join(5.0)
         self._thread = None
         self._send_changes()
+        if ended:
+            self._send(self._phase, time.time(), self.bytes, ended=True)
 
     # -- the sampler thread ----------------------------------------------------------
     def _interval(self) -> float:
@@ -134,10 +139,12 @@ class RestoreProgress:
             self._phase = name
             self._send(name, t, seen)
 
-    def _send(self, phase: str, t: float, seen: int) -> None:
+    def _send(self, phase: str, t: float, seen: int, ended: bool = False) -> None:
         detail: dict[str, Any] = {"live_bytes": self.live_bytes}
         if self.bytes_total is not None:
             detail["bytes_total"] = int(self.bytes_total)
+        if ended:
+            detail["ended"] = True
         self.exporter.event(EventKind.CKPT_RESTORE_PROGRESS, time_s=t, bytes=int(seen),
                             label=phase, detail=json.dumps(detail), **self.fields)
         self._sent_bytes, self._sent_at = seen, time.monotonic()

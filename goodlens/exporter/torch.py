@@ -18,7 +18,9 @@ sends them through a :class:`~goodlens.exporter.recorder.RankExporter`:
   ``ckpt_save_durable_end`` (the files are written; with this rank's bytes) and
   ``ckpt_restore_start`` / ``ckpt_restore_end`` (with the bytes this rank read), and
   between them ``ckpt_restore_progress`` (bytes read so far, the phase; sent from a
-  thread at most once a second, :mod:`goodlens.exporter.restore`).
+  thread at most once a second, :mod:`goodlens.exporter.restore`);
+  :func:`watching_dcp_loads` does the same for the ``dcp.load`` calls a framework makes
+  (torchtitan's checkpointer).
   Asynchronous saves run their collectives on a dedicated gloo group (on the default group
   they would interleave with DDP's all-reduces from another thread, and the ranks hang),
   and a save first waits for the previous one, inside its recorded stall.
@@ -36,12 +38,15 @@ import time.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import glob
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, wait
 from datetime import timedelta
 from typing import Any
@@ -63,7 +68,7 @@ from goodlens.exporter.torch_collectives import (  # noqa: F401 - re-exported fo
 from goodlens.model.schema import EventKind
 
 __all__ = [EventKind.ATTEMPT_END, "init_process_group", "instrument", "load_checkpoint",
-           "save_checkpoint"]
+           "save_checkpoint", "watching_dcp_loads"]
 
 log = logging.getLogger("goodlens.exporter.torch")
 
@@ -323,11 +328,11 @@ def _count_reads(reader: Any) -> list[Any]:
     return counted
 
 
-def _metadata_bytes(path: str) -> int:
+def _metadata_bytes(path: str | None) -> int:
     """Size of a DCP checkpoint's ``.metadata`` (every rank reads it before the data)."""
     try:
-        return os.path.getsize(os.path.join(path, ".metadata"))
-    except OSError:
+        return os.path.getsize(os.path.join(path, ".metadata"))  # type: ignore[arg-type]
+    except (OSError, TypeError):
         return 0
 
 
@@ -380,6 +385,72 @@ def _watch_items(reader: Any, planner: Any, progress: RestoreProgress) -> None:
     planner.commit_tensor, planner.load_bytes, reader.read_data = commit_tensor, load, read
 
 
+def _watch_load(progress: RestoreProgress, path: str | None, reader: Any, planner: Any
+                ) -> tuple[Any, Any, Callable[[], None]]:
+    """The reader and planner of one DCP load of ``path`` (DCP's own where None), their read
+    items counted into ``progress`` (:func:`_watch_items`, the ``.metadata`` first); and
+    what puts a caller's instances back as they were."""
+    import torch.distributed.checkpoint as dcp
+    own, own_planner = reader is None, planner is None
+    if own:
+        reader = dcp.FileSystemReader(path)
+    if own_planner:
+        planner = dcp.DefaultLoadPlanner()
+    _watch_items(reader, planner, progress)
+    progress.add(_metadata_bytes(path))
+
+    def undo() -> None:
+        if not own:
+            del reader.read_data  # the caller's reader as it was
+        if not own_planner:
+            del planner.commit_tensor, planner.load_bytes
+
+    return reader, planner, undo
+
+
+@contextlib.contextmanager
+def watching_dcp_loads(progress: Callable[[], RestoreProgress | None]) -> Iterator[None]:
+    """Inside the block, each ``torch.distributed.checkpoint.load`` call a framework makes
+    (torchtitan's ``dcp_load``: ``dcp.load(state_dict, checkpoint_id=...)``) counts its
+    read items into ``progress()`` (called at each load: the restore's, started at the
+    first; None: that load is not watched), phase ``read`` at each load's start and
+    ``barrier`` when this rank's reads are done. The module attribute is replaced for the
+    block only: for the training thread's restore, while nothing else loads."""
+    import torch.distributed.checkpoint as dcp
+    original = dcp.load
+    watched = [0]   # loads watched in the block
+
+    @functools.wraps(original)
+    def load(state_dict: Any, *, checkpoint_id: Any = None, storage_reader: Any = None,
+             planner: Any = None, **options: Any) -> Any:
+        undo = None
+        try:
+            p = progress()
+            if p is not None:
+                if watched[0]:
+                    p.phase("read")   # a second load: reading again (the first: started)
+                watched[0] += 1
+                path = None if checkpoint_id is None else os.fspath(checkpoint_id)
+                if storage_reader is None:   # the reader DCP makes for it (fsspec paths too)
+                    from torch.distributed.checkpoint._storage_utils import _storage_setup
+                    storage_reader = _storage_setup(None, checkpoint_id, reader=True)
+                storage_reader, planner, undo = _watch_load(p, path, storage_reader, planner)
+        except Exception:
+            log.warning("goodlens: this load's progress is not watched", exc_info=True)
+        try:
+            return original(state_dict, checkpoint_id=checkpoint_id,
+                            storage_reader=storage_reader, planner=planner, **options)
+        finally:
+            if undo is not None:
+                undo()
+
+    dcp.load = load
+    try:
+        yield
+    finally:
+        dcp.load = original
+
+
 def load_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporter: Any,
                     step: int | None = None, tier: str = "durable",
                     process_group: Any = None, **dcp_options: Any) -> dict[str, Any]:
@@ -405,25 +476,15 @@ def load_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], exporte
     exporter.event(EventKind.CKPT_RESTORE_START, **fields)
     progress = RestoreProgress(exporter, **fields).start()
     import torch.distributed.checkpoint as dcp  # the first import (~0.1 s) is restore time
-    reader = dcp_options.pop("storage_reader", None)
-    planner = dcp_options.pop("planner", None)
-    own, own_planner = reader is None, planner is None
-    if own:
-        reader = dcp.FileSystemReader(path)
-    if own_planner:
-        planner = dcp.DefaultLoadPlanner()
+    reader, planner, undo = _watch_load(progress, path, dcp_options.pop("storage_reader", None),
+                                        dcp_options.pop("planner", None))
     counted = _count_reads(reader)
-    _watch_items(reader, planner, progress)
-    progress.add(_metadata_bytes(path))
     try:
         dcp.load(state, checkpoint_id=path, storage_reader=reader, planner=planner,
                  process_group=process_group, **dcp_options)
     finally:
         progress.stop()
-        if not own:
-            del reader.read_data  # the caller's reader as it was
-        if not own_planner:
-            del planner.commit_tensor, planner.load_bytes
+        undo()
     read = counted[0] + _metadata_bytes(path) if counted[1] else _tensor_bytes(state)
     exporter.event(EventKind.CKPT_RESTORE_END, bytes=read, **fields)
     return state

@@ -13,7 +13,11 @@ job-wide restart, so goodlens records what changes every step instead:
   changed, or when waiting for it blocked the training thread at least
   ``quorum_event_min_s`` (``detail.blocked_s``);
 - ``heal_start`` / ``heal_end`` around each receive of a peer's live state (bytes, source
-  replica, transport);
+  replica, transport); every rank of the healing group reports its heal's progress
+  (``ckpt_restore_progress``, :mod:`goodlens.exporter.restore`): ``read`` while it
+  receives, ``barrier`` once received (its bytes) until the training thread loads it,
+  ``load`` while it does (``_apply_pending_state_dict``), then a last event saying it
+  ended (no ``ckpt_restore_end`` follows a heal);
 - ``group_start`` (at the process's start, with ``group_attempt``: each restart of a group
   is an attempt of that group, not of the job) and ``group_end``;
 - ``rank_joined`` at a group's first step taking part again after it was out (cause
@@ -23,9 +27,10 @@ The job's attempt stays 0 (``attempt_start`` at the first incarnation's start,
 ``attempt_end`` when a group completes), and a group's crash is a ``group_end`` with cause
 ``failed``, not a job failure. Group-level events come from the group's rank 0; every rank
 records its steps. Wrapping is per manager instance (its ``start_quorum``,
-``wait_quorum``, ``allreduce`` and ``should_commit``, and its checkpoint transport's
-``recv_checkpoint``); the quorum id comes from the ``torchft_quorums`` logger's structured
-records. Nothing here raises into training: a failure to record is logged and dropped.
+``wait_quorum``, ``allreduce``, ``should_commit`` and ``_apply_pending_state_dict``, and
+its checkpoint transport's ``recv_checkpoint``); the quorum id comes from the
+``torchft_quorums`` logger's structured records. Nothing here raises into training: a
+failure to record is logged and dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from goodlens.exporter import lifecycle
+from goodlens.exporter.restore import RestoreProgress
 from goodlens.model.schema import EventKind
 
 log = logging.getLogger("goodlens.exporter.torchft")
@@ -100,6 +106,8 @@ class FTTracker:
         self.discarded = 0
         self._counted = False   # whether its last committed step counted (took part)
         self.healed = False     # whether this incarnation received a peer's state
+        self._progress: Any = None   # the heal in progress (a RestoreProgress)
+        self._applies = False   # whether the manager's load of a healed state is watched
 
     # -- the training loop ------------------------------------------------------
     def step(self) -> _StepContext:
@@ -204,28 +212,84 @@ class FTTracker:
         return call
 
     def _recv(self, transport: Any) -> None:
-        """Time ``transport.recv_checkpoint`` (a heal) on this instance."""
+        """Time ``transport.recv_checkpoint`` (a heal) on this instance; every rank reports
+        its heal's progress (phase ``read`` while it receives)."""
         original = transport.recv_checkpoint
         name = type(transport).__name__
 
         def recv_checkpoint(src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
-            if not self.lead:
-                return original(src_rank=src_rank, metadata=metadata, step=step,
-                                timeout=timeout)
-            self._event(EventKind.HEAL_START, step=step,
-                        detail={"source": src_rank, "transport": name,
-                                "address": str(metadata)[:200]})
+            self._heal_progress(step)
+            if self.lead:
+                self._event(EventKind.HEAL_START, step=step,
+                            detail={"source": src_rank, "transport": name,
+                                    "address": str(metadata)[:200]})
             try:
                 state = original(src_rank=src_rank, metadata=metadata, step=step,
                                  timeout=timeout)
             except BaseException:
-                self._event(EventKind.HEAL_END, step=step, cause="failed")
+                self._heal_over()
+                if self.lead:
+                    self._event(EventKind.HEAL_END, step=step, cause="failed")
                 raise
-            self._event(EventKind.HEAL_END, step=step, bytes=_state_bytes(state))
-            self.healed = self.healed or self.group_attempt > 0 or self.spare
+            size = _state_bytes(state)
+            self._heal_received(size)
+            if self.lead:
+                self._event(EventKind.HEAL_END, step=step, bytes=size)
+                self.healed = self.healed or self.group_attempt > 0 or self.spare
             return state
 
         transport.recv_checkpoint = recv_checkpoint
+
+    # -- a heal's restore progress (goodlens.exporter.restore) ---------------------
+    def _apply(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``manager._apply_pending_state_dict``: the received state loaded into the model
+        (on the training thread: at once with a synchronous quorum, else at the step's
+        ``should_commit``); the heal's progress ends with it."""
+        def call() -> Any:
+            if self._progress is not None:
+                try:   # its first act: wait for the quorum (and the receive) to be done
+                    self.manager._quorum_future.result()
+                except Exception:
+                    pass   # the call below raises it
+                if self._progress is not None:
+                    self._safe(self._progress.phase, "load")
+            try:
+                return fn()
+            finally:
+                self._heal_over()
+        return call
+
+    def _heal_progress(self, step: int) -> None:
+        self._heal_over()   # a heal before it that was never loaded is over
+        try:
+            self._progress = RestoreProgress(self.exporter, live_bytes=False,
+                                             step=step).start()
+        except Exception:
+            log.debug("goodlens: no heal progress", exc_info=True)
+
+    def _heal_received(self, size: int) -> None:
+        """Received (``size`` bytes): it waits for the training thread to load it
+        (``barrier``); without a load to watch, the heal's progress ends here."""
+        p = self._progress
+        if p is None:
+            return
+        p.add(size)
+        if self._applies:
+            self._safe(p.phase, "barrier")
+        else:
+            self._heal_over()
+
+    def _heal_over(self) -> None:
+        p, self._progress = self._progress, None
+        if p is not None:
+            self._safe(p.stop, ended=True)   # no ckpt_restore_end follows a heal
+
+    @staticmethod
+    def _safe(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except Exception:
+            log.debug("goodlens: could not record a heal's progress", exc_info=True)
 
 
 class _StepContext:
@@ -311,6 +375,9 @@ def instrument(manager: Any, exporter: Any, *, group: str | int,
     transport = getattr(manager, "_checkpoint_transport", None)  # torchft's own attribute
     if transport is not None and hasattr(transport, "recv_checkpoint"):
         t._recv(transport)
+        if callable(getattr(manager, "_apply_pending_state_dict", None)):  # torchft's own
+            manager._apply_pending_state_dict = t._apply(manager._apply_pending_state_dict)
+            t._applies = True
     else:
         log.warning("goodlens: this torchft Manager has no checkpoint transport to time; "
                     "heals will not be recorded")

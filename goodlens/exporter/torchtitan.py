@@ -29,7 +29,10 @@ declares the nested ``Config`` (``Configurable.__init_subclass__``), and ``--mod
     rank's files in ``step-N/`` (``__<rank>_*.distcp``, rank 0 also ``.metadata``);
   - **restores**: ``checkpointer.load`` when it loaded: ``ckpt_restore_start``/``_end`` with
     the restored ``self.step``, and bytes = this rank's files in the folder loaded (with an
-    unchanged world, its own shards: not a count of what DCP read);
+    unchanged world, its own shards: not a count of what DCP read); while it runs,
+    ``ckpt_restore_progress`` from the ``dcp.load`` calls it makes
+    (:func:`goodlens.exporter.torch.watching_dcp_loads`: bytes read as DCP commits each
+    read item, ``read`` then ``barrier``);
   - **validation**: ``validator.validate`` as a ``custom_begin``/``custom_end`` interval
     labelled ``eval``;
   - the **attempt**: ``attempt_start`` at construction, ``attempt_end`` ("completed", the
@@ -62,6 +65,7 @@ from typing import Any
 from goodlens.exporter import lifecycle
 from goodlens.exporter import torch as gl
 from goodlens.exporter.recorder import RankExporter
+from goodlens.exporter.restore import RestoreProgress
 from goodlens.model.schema import EventKind
 
 __all__ = ["GoodlensTrainerMixin", "goodlens_config", "trainer_class"]
@@ -206,7 +210,20 @@ class GoodlensTrainerMixin:
         def timed_load(step: int = -1) -> bool:
             where["load"] = None
             t0 = time.time()
-            loaded = load(step)
+            made: list[RestoreProgress] = []  # started at the first DCP load, if any
+
+            def progress() -> RestoreProgress:
+                if not made:
+                    made.append(RestoreProgress(exp, tier=self.goodlens_tier).start())
+                return made[0]
+
+            loaded = False
+            try:
+                with gl.watching_dcp_loads(progress):  # its reads, as DCP commits them
+                    loaded = load(step)
+            finally:  # progress before the restore's events; none follow if it did not load
+                for p in made:
+                    _guarded(p.stop)(ended=not loaded)
             if loaded:  # the trainer is the "train_state" Stateful: self.step is restored
                 self._goodlens_restored(exp, t0, where["load"])
             return loaded

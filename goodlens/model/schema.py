@@ -198,7 +198,8 @@ KIND_DOCS: dict[EventKind, str] = {
     EventKind.CKPT_RESTORE_PROGRESS: (
         "a rank's restore in progress (at most one a second, plus each phase change): "
         "`bytes` read so far, `label` the phase (read, load, barrier), `detail` "
-        "`bytes_total` when known and `live_bytes` (true when `bytes` moves within a phase)"
+        "`bytes_total` when known, `live_bytes` (true when `bytes` moves within a phase) and "
+        "`ended` (true on the last event of a restore with no `ckpt_restore_end`: a heal)"
     ),
     EventKind.FAILURE: (
         "the instant a failure happened (`cause`, `rank`, `host`), recorded by whoever knew "

@@ -100,6 +100,21 @@ def test_an_ended_restore_flags_nothing_and_a_new_one_starts_afresh():
     assert (r.start, r.end, r.bytes_read, r.last_move) == (T + 100.0, None, 7, T + 101.0)
 
 
+def test_a_heal_ends_at_its_ended_progress_event():
+    # a torchft heal has no ckpt_restore_end: read 0-3 s, barrier 3-8 s, load 8-9 s, then a
+    # last event saying it ended; a heal ended long ago is neither moving nor stuck
+    ended = _ev(1, "ckpt_restore_progress", 9.0, 400, "load", live=False)
+    ended["detail"] = json.dumps({"live_bytes": False, "ended": True})
+    rows = [_ev(1, "ckpt_restore_progress", 0.0, 0, "read", live=False),
+            _ev(1, "ckpt_restore_progress", 3.0, 400, "barrier", live=False),
+            _ev(1, "ckpt_restore_progress", 8.0, 400, "load", live=False), ended]
+    (r,) = rank_restores(pd.DataFrame(rows))
+    assert (r.start, r.read_done, r.end, r.phase, r.bytes_read) == (T, T + 3.0, T + 9.0,
+                                                                   "done", 400)
+    assert moving([r], T + 1000.0, TIMEOUT) == set()
+    assert restore_findings([r], 0, T + 1000.0, TIMEOUT) == []
+
+
 def test_the_eviction_rail_refuses_a_node_still_restoring_and_decides_again(tmp_path):
     from goodlens.exporter.elastic import EvictionClient, EvictionPolicy
 

@@ -350,17 +350,19 @@ class Recorded:
         return found
 
 
-def make_exporter() -> tuple[RankExporter, SinkTransport]:
+def make_exporter(**options: Any) -> tuple[RankExporter, SinkTransport]:
     exp = RankExporter(run_id="tt", url="http://127.0.0.1:9", wire="json", hooks=False,
-                       flush_interval_s=3600, spill_dir=None, host="h0")
+                       flush_interval_s=3600, spill_dir=None, host="h0", **options)
     sink = SinkTransport()
     exp._transport = sink  # the background thread sleeps; close() sends all to the sink
     return exp, sink
 
 
-def run(config: Trainer.Config, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Recorded]:
-    """Build the goodlens trainer from a stand-in config, train, close; what it recorded."""
-    exp, sink = make_exporter()
+def run(config: Trainer.Config, monkeypatch: pytest.MonkeyPatch, **options: Any
+        ) -> tuple[Any, Recorded]:
+    """Build the goodlens trainer from a stand-in config, train, close; what it recorded
+    (``options``: the exporter's)."""
+    exp, sink = make_exporter(**options)
     monkeypatch.setattr(gtt.GoodlensTrainerMixin, "make_exporter", lambda self: exp)
     trainer = gtt.goodlens_config(config).build()
     try:
@@ -428,6 +430,60 @@ def test_synchronous_saves_validation_and_a_resume(titan, tmp_path, monkeypatch)
     assert within(gap(start, end), RESTORE)
     assert end["bytes"] == SHARD + META and end["tier"] == "durable"
     assert end["time"] <= rec.steps[0]["start_time"] + 0.01  # restored before step 6 began
+
+
+class DcpCheckpointManager(CheckpointManager):
+    """``dcp_save``/``dcp_load`` as torchtitan's (components/checkpoint.py): a real DCP
+    checkpoint of a small model, read back with ``dcp.load(state_dict, checkpoint_id=...)``."""
+
+    loaded: dict[str, Any] | None = None
+
+    def dcp_save(self, state_dict: dict[str, Any], checkpoint_id: str,
+                 async_mode: str = "disabled") -> None:
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"model": {"w": torch.arange(256, dtype=torch.float32),
+                            "b": torch.ones(64)}}, checkpoint_id=checkpoint_id)
+        Path(checkpoint_id, "train_state.json").write_text(json.dumps(state_dict))
+
+    def dcp_load(self, state_dict: dict[str, Any], checkpoint_id: str,
+                 from_hf: bool = False, from_quantized: bool = False) -> None:
+        import torch.distributed.checkpoint as dcp
+        model = {"w": torch.zeros(256), "b": torch.zeros(64)}
+        dcp.load({"model": model}, checkpoint_id=checkpoint_id)
+        self.loaded = model
+        saved = json.loads(Path(checkpoint_id, "train_state.json").read_text())
+        self.states["train_state"].load_state_dict({"step": saved["step"], "ntokens_seen": 0})
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_resume_reports_its_dcp_reads_as_restore_progress(titan, tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+    monkeypatch.setattr(sys.modules[__name__], "CheckpointManager", DcpCheckpointManager)
+    own_load = dcp.load
+    quiet = {"restore_progress_s": 3600.0}  # phase changes only: no timed samples
+    config = Trainer.Config(dump_folder=str(tmp_path), training=TrainingConfig(steps=2),
+                            validator=ValidatorConfig(enable=False))
+    _, rec = run(config, monkeypatch, **quiet)
+    assert "ckpt_restore_progress" not in {e["kind"] for e in rec.events}  # nothing to load
+
+    config = Trainer.Config(dump_folder=str(tmp_path), training=TrainingConfig(steps=3),
+                            validator=ValidatorConfig(enable=False))
+    trainer, rec = run(config, monkeypatch, **quiet)
+    assert trainer.trained == [3] and dcp.load is own_load  # torch's load put back
+    assert torch.equal(trainer.checkpointer.loaded["w"], torch.arange(256.0))
+    # sent live while it read, before the step it restores is known
+    assert rec.kinds()[:4] == [("ckpt_restore_progress", None, "read"),
+                               ("ckpt_restore_progress", None, "barrier"),
+                               ("ckpt_restore_start", 2, None), ("ckpt_restore_end", 2, None)]
+    read, barrier = (e for e in rec.events if e["kind"] == "ckpt_restore_progress")
+    # what DCP reads on one rank: the .metadata, then every chunk of the one shard file
+    folder = tmp_path / "checkpoint" / "step-2"
+    files = (folder / ".metadata").stat().st_size + (folder / "__0_0.distcp").stat().st_size
+    assert read["bytes"] == 0 and barrier["bytes"] == files
+    assert json.loads(barrier["detail"]) == {"live_bytes": True, "bytes_total": files}
+    assert read["tier"] == barrier["tier"] == "durable"
+    end = rec.event("ckpt_restore_end", 2)
+    assert read["time"] <= barrier["time"] <= end["time"] and end["bytes"] == files
 
 
 def test_async_saves_are_durable_later_and_the_last_one_is_waited_for(titan, tmp_path,
