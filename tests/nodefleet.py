@@ -74,27 +74,28 @@ class _Run:
 
 
 def fleet_docs(seed: int = 0, runs: int = 320, hosts: int = HOSTS, fail_rate: float = 0.03,
-               slow_rate: float = 0.03, factor: float = 5.0, swap: float = 0.3
-               ) -> list[dict[str, Any]]:
+               slow_rate: float = 0.03, factor: float = 5.0, swap: float = 0.3,
+               span_s: float = SPAN_S, t0: float = T0) -> list[dict[str, Any]]:
     """The fleet's runs as push documents (one per run). Rates are per host-hour; a planted
     host's incidents (failures and straggles) come at ``factor`` times a healthy host's
     rate, :data:`LEMON_FAIL`'s extra as failures, :data:`LEMON_SLOW`'s as straggles;
-    ``swap``: the chance the scheduler replaces a failed host."""
+    ``swap``: the chance the scheduler replaces a failed host; runs start in
+    ``[t0, t0 + span_s)``."""
     rng = np.random.default_rng(seed)
     names = host_names(hosts)
     extra = (factor - 1.0) * (fail_rate + slow_rate)
     fail = {h: fail_rate + (extra if h == LEMON_FAIL else 0.0) for h in names}
     slow = {h: slow_rate + (extra if h == LEMON_SLOW else 0.0) for h in names}
-    return [_run(i, rng, names, fail, slow, swap, running=i >= runs - 4).doc()
-            for i in range(runs)]
+    return [_run(i, rng, names, fail, slow, swap, running=i >= runs - 4, span=(t0, span_s)
+                 ).doc() for i in range(runs)]
 
 
 def _run(i: int, rng: np.random.Generator, names: list[str], fail: dict, slow: dict,
-         swap: float, running: bool) -> _Run:
+         swap: float, running: bool, span: tuple[float, float] = (T0, SPAN_S)) -> _Run:
     run = _Run(i)
     n = int(rng.choice([2, 4, 8, 16], p=[0.2, 0.35, 0.3, 0.15]))
     placed = list(rng.choice(names, n, replace=False))
-    work, t = float(rng.uniform(4, 24)) * 3600, T0 + float(rng.uniform(0, SPAN_S))
+    work, t = float(rng.uniform(4, 24)) * 3600, span[0] + float(rng.uniform(0, span[1]))
     step = 0
     for a in range(12):
         order = [placed[j] for j in rng.permutation(n) for _ in range(2)]  # 2 ranks a host

@@ -4,8 +4,13 @@ scraping a real collector.
 The collector (``goodlens serve``, hang floor 60 s) is fed two recordings with their clocks
 moved to now, so every series exists at once: ``ddp-slow`` (a finished run with a confirmed
 straggler: goodput, buckets, step times, findings) and ``restore`` (a run whose second
-attempt restores with rank 3 stopped 90 s ago: restore progress, a stuck rank). Each
-panel's queries are asked of Prometheus with ``$run`` as ``.*``.
+attempt restores with rank 3 stopped 90 s ago: restore progress, a stuck rank). Its store
+starts with a small generated fleet (:mod:`tests.nodefleet`: 40 runs over 50 hosts in the
+last days, ``node-042`` failing at 10 times a healthy host's rate), so the ``goodlens_node_*``
+series of a host to drain exist too: the first scrape starts the node table's computation
+(:class:`goodlens.collector.nodes.NodeCache`, the data already stored) and a later scrape,
+a second on, exports it. Each panel's queries are asked of Prometheus with ``$run`` as
+``.*``.
 """
 
 from __future__ import annotations
@@ -17,12 +22,12 @@ import time
 import pytest
 
 from tests.harness import ROOT, Collector, Prometheus, http
+from tests.nodefleet import LEMON_FAIL, fleet_docs, write_duckdb
 from tests.recorded import load
 
 DASHBOARD = ROOT / "contrib" / "grafana" / "goodlens.json"
 METRICS = ROOT / "goodlens" / "collector" / "metrics.py"
-#: Series of flagged hosts only: they need a fleet with a failing host, which this feed
-#: (two runs) does not make; the node count beside them is checked
+#: Series of hosts to drain only: the fleet's failing host must be among them
 PER_HOST = {"goodlens_node_incident_rate_ratio", "goodlens_node_incidents",
             "goodlens_node_q_value"}
 
@@ -70,20 +75,27 @@ def test_every_panel_returns_data_from_a_real_prometheus(tmp_path):
     targets = _targets()
     assert len(targets) >= 15
     assert {n for _, e in targets for n in _names(e)} <= _exposed()
+    now = time.time()
+    # the fleet's runs start 4 to 2 days ago and end at least a day ago: inside the node
+    # table's 7-day window, and none of them live any more
+    write_duckdb(tmp_path / "g.duckdb", fleet_docs(0, runs=40, hosts=50, factor=10.0,
+                                                    span_s=2 * 86400.0, t0=now - 4 * 86400.0))
     c = Collector(tmp_path / "g.duckdb").start()
     prom = None
     try:
-        now = time.time()
         _push(c.url, "ddp-slow", now - 30)
         _push(c.url, "restore", now - 90)   # rank 3 stopped 90 s ago: past the 60 s floor
         c.sync(detect=True)
         prom = Prometheus(tmp_path, c.port)
         empty = []
         for title, expr in targets:
-            if _names(expr) & PER_HOST:
-                continue
             q = expr.replace("$run", ".*")
-            if not prom.query_until(q, lambda r: True, timeout=60 if not empty else 10):
+            if _names(expr) & PER_HOST:   # the series name the host to drain
+                found = prom.query_until(q, lambda r: any(
+                    s["metric"].get("host") == LEMON_FAIL for s in r), timeout=10)
+            else:
+                found = prom.query_until(q, lambda r: True, timeout=60 if not empty else 10)
+            if not found:
                 empty.append((title, q))
         assert not empty, empty
     finally:
